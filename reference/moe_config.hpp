@@ -1,0 +1,65 @@
+// The MoE layer configuration: one struct shared by the case format (golden/), the
+// reference (reference/), the backends (kernels/, emulated) and the CLI.
+//
+// Field names and defaults are those of the case format's /config group (golden/FORMAT.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moecheck {
+
+// How router logits become (expert ids, weights); see reference/moe_routing.hpp for the math.
+enum class RoutingMethod { deepseek_v3, renormalize, softmax_topk, sigmoid_renormalize, llama4 };
+// Which half of w13's 2I rows is the gate (the SiLU input). gate_up: rows [0, I) are the gate
+// (vLLM/SGLang checkpoint order, w1 then w3); up_gate: rows [0, I) are up (FlashInfer "w31").
+enum class GateUpLayout { gate_up, up_gate };
+// Scale bytes: f32 = any positive float32; ue8m0 = powers of two (2^ceil(log2(amax/448))).
+enum class ScaleFormat { f32, ue8m0 };
+// Precision a tensor is held in between two steps (GEMM1 output, SiLU*up, routing weights).
+enum class Precision { f32, bf16 };
+
+struct MoeConfig {
+  int64_t num_experts = 0;        // E: global routed experts (router_logits columns)
+  int64_t top_k = 0;
+  int64_t hidden_size = 0;        // H
+  int64_t intermediate_size = 0;  // I: per expert, this shard
+  RoutingMethod routing = RoutingMethod::renormalize;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  GateUpLayout gate_up_layout = GateUpLayout::gate_up;
+  ScaleFormat scale_format = ScaleFormat::f32;
+  Precision intermediate_dtype = Precision::f32;
+  Precision routing_weight_dtype = Precision::f32;
+  int64_t group_size = 128;       // activation quantization group along H and along I
+  int64_t weight_block = 128;     // weight blocks are weight_block x weight_block
+  double act_eps = 1e-10;         // amax floor of activation group quantization
+  int64_t local_expert_offset = 0;
+  int64_t local_num_experts = -1; // -1 until resolved: defaults to num_experts
+
+  int64_t local_experts() const { return local_num_experts < 0 ? num_experts : local_num_experts; }
+  bool is_local(int64_t global_expert) const {
+    return global_expert >= local_expert_offset && global_expert < local_expert_offset + local_experts();
+  }
+};
+
+// Every rule of a config that does not hold, as "<attribute>: <rule>" (empty when valid).
+std::vector<std::string> config_problems(const MoeConfig& c);
+
+std::string_view to_string(RoutingMethod m);
+std::string_view to_string(GateUpLayout l);
+std::string_view to_string(ScaleFormat f);
+std::string_view to_string(Precision p);
+std::optional<RoutingMethod> parse_routing_method(std::string_view s);
+std::optional<GateUpLayout> parse_gate_up_layout(std::string_view s);
+std::optional<ScaleFormat> parse_scale_format(std::string_view s);
+std::optional<Precision> parse_precision(std::string_view s);
+
+// Accepted spellings, for error messages ("deepseek_v3 | renormalize | ...").
+std::string_view routing_method_names();
+
+}  // namespace moecheck
