@@ -1,0 +1,413 @@
+// The float64 MoE forward (see moe_forward.hpp for the tiers and their rounding steps).
+//
+// How this file is organised:
+//   plan       group the (token, slot) pairs of each chunk of tokens by local expert
+//   panels     dequantize a few rows of an FP8 weight at a time through per-block tables
+//   expert     the two GEMMs of one expert, with the tier's roundings in between
+//   driver     chunks of tokens, worker threads over experts, combine in slot order
+#include "reference/moe_forward.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <fmt/format.h>
+#include <mutex>
+#include <thread>
+
+#include "reference/errors.hpp"
+#include "reference/fp8_formats.hpp"
+#include "reference/fp8_quant.hpp"
+
+namespace moecheck {
+
+std::string_view to_string(Tier t) { return t == Tier::ideal ? "ideal" : "quantized"; }
+std::optional<Tier> parse_tier(std::string_view s) {
+  if (s == "ideal") return Tier::ideal;
+  if (s == "quantized") return Tier::quantized;
+  return std::nullopt;
+}
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+namespace {
+
+using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMap = Eigen::Map<RowMat>;
+using ConstRowMap = Eigen::Map<const RowMat>;
+
+// ---- plan ----------------------------------------------------------------------------
+struct ExpertJob {
+  int64_t expert = 0;              // global id
+  std::vector<int64_t> slots;      // t_local * k + j, ascending (token order)
+};
+
+// Slot outputs are held for a chunk of tokens at a time; this bounds that buffer.
+constexpr int64_t kSlotBufferBytes = int64_t(512) << 20;
+
+// ---- panels --------------------------------------------------------------------------
+// Rows of a weight dequantized per GEMM call: 32 rows x H doubles (1.8 MiB at H = 7168) stay in
+// L2/L3 while the GEMM reads them.
+constexpr int64_t kPanelRows = 32;
+
+// Dequantize rows [r0, r0 + nr) of an [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] scales
+// into out [nr, K]. All rows must lie in one block row. Exact: decode(q) has 4 significant bits
+// and the scale 24, so decode(q) * scale is exact in double; the table holds those products.
+void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
+                   std::vector<double>& lut, double* out) {
+  const int64_t kb = ceil_div(K, B);
+  const float* table = fp8_table(Fp8Format::e4m3fn);
+  lut.resize(static_cast<size_t>(kb) * 256);
+  const float* srow = scales + (r0 / B) * kb;
+  for (int64_t c = 0; c < kb; ++c) {
+    const double s = srow[c];
+    for (int i = 0; i < 256; ++i) lut[c * 256 + i] = double(table[i]) * s;
+  }
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint8_t* q = codes + (r0 + r) * K;
+    double* o = out + r * K;
+    for (int64_t c = 0; c < kb; ++c) {
+      const double* l = lut.data() + c * 256;
+      const int64_t k1 = std::min(K, (c + 1) * B);
+      for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]];
+    }
+  }
+}
+
+// out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel. With
+// abs_a, also abs_out = abs_a * |W|^T (the budget's sums of magnitudes) from the same panels.
+void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
+                     RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const RowMat* abs_a = nullptr,
+                     RowMat* abs_out = nullptr, std::vector<double>* abs_panel = nullptr) {
+  out.resize(a.rows(), N);
+  panel.resize(static_cast<size_t>(kPanelRows) * K);
+  if (abs_a) {
+    abs_out->resize(a.rows(), N);
+    abs_panel->resize(panel.size());
+  }
+  for (int64_t r0 = 0; r0 < N;) {
+    // A panel never crosses a block row, so it shares one row of scales.
+    const int64_t block_end = std::min(N, (r0 / B + 1) * B);
+    const int64_t nr = std::min(kPanelRows, block_end - r0);
+    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data());
+    ConstRowMap w(panel.data(), nr, K);
+    out.middleCols(r0, nr).noalias() = a * w.transpose();
+    if (abs_a) {
+      RowMap wa(abs_panel->data(), nr, K);
+      wa = w.cwiseAbs();
+      abs_out->middleCols(r0, nr).noalias() = *abs_a * wa.transpose();
+    }
+    r0 += nr;
+  }
+}
+
+double round_to(double x, Precision p) { return p == Precision::bf16 ? double(bf16_round(x)) : double(fl32(x)); }
+
+// ---- expert --------------------------------------------------------------------------
+struct Scratch {
+  RowMat a, x, h, y;
+  RowMat da, dx, dh, dy;  // budget: magnitude inputs and their sums through |W|
+  std::vector<double> panel, lut, abs_panel;
+  std::vector<double> ilo, ihi, iref, idev;
+  std::vector<float> hrow;
+  std::vector<uint8_t> hcodes;
+  std::vector<float> hscales;
+};
+
+// Activations of the quantized tier, quantized once per token: codes [T, H], scales [T, H/G].
+struct QuantizedHidden {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  std::vector<uint8_t> own_codes;
+  std::vector<float> own_scales;
+};
+
+// Budget of one row's intermediate (BUDGETS.md §3-4): from the GEMM1 outputs x and their bounds
+// dx, the interval of gate and up after rounding to intermediate_dtype, of h = silu(gate) * up
+// after its rounding, then the deviation of the re-quantized h; writes the GEMM2 budget input
+// c2 |h_ref| + (1 + c2) dh into row r of s.dh.
+void intermediate_budget(const MoeConfig& c, const BudgetModel& m, double c2, const double* x, const double* dx,
+                         int64_t gate0, int64_t up0, const double* h_deq, Scratch& s, int64_t r) {
+  const int64_t I = c.intermediate_size, G = c.group_size;
+  const Precision ip = c.intermediate_dtype;
+  s.ilo.resize(I), s.ihi.resize(I), s.idev.resize(I);
+  for (int64_t i = 0; i < I; ++i) {
+    const double g = x[gate0 + i], u = x[up0 + i], dg = dx[gate0 + i], du = dx[up0 + i];
+    const Interval gi = round_interval({g - dg, g + dg}, ip), ui = round_interval({u - du, u + du}, ip);
+    const Interval hi = round_interval(product_interval_f32(silu_interval(gi, m.silu_ulps), ui), ip);
+    s.ilo[i] = hi.lo, s.ihi[i] = hi.hi;
+  }
+  for (int64_t g0 = 0; g0 < I; g0 += G) {
+    const int64_t n = std::min(G, I - g0);
+    requant_deviation(s.ilo.data() + g0, s.ihi.data() + g0, h_deq + g0, n, c.scale_format, c.act_eps, m,
+                      s.idev.data() + g0);
+  }
+  for (int64_t i = 0; i < I; ++i) s.dh(r, i) = c2 * std::fabs(h_deq[i]) + (1 + c2) * s.idev[i];
+}
+
+// Budget state shared by the experts: the model and the two dot-product constants.
+struct BudgetCtx {
+  const BudgetModel* model = nullptr;
+  double c1 = 0, c2 = 0;   // dot_product_bound for GEMM1 (K = H) and GEMM2 (K = I)
+  const std::vector<double>* act_dev = nullptr;  // [T, H] deviation of the device's activations
+};
+
+void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
+                const QuantizedHidden& qh, double* slot_out, double* slot_budget, const BudgetCtx& bc, Scratch& s) {
+  const bool budget = bc.model != nullptr;
+  const MoeConfig& c = p.config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, G = c.group_size;
+  const int64_t n = static_cast<int64_t>(job.slots.size());
+  const int64_t hg = ceil_div(H, G), ig = ceil_div(I, G);
+  const float* table = fp8_table(Fp8Format::e4m3fn);
+
+  // Activations: exact bf16/float values (ideal) or their group quantization, dequantized.
+  s.a.resize(n, H);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = t0 + job.slots[r] / k;
+    double* row = s.a.row(r).data();
+    if (tier == Tier::ideal) {
+      const float* x = p.hidden + t * H;
+      for (int64_t i = 0; i < H; ++i) row[i] = x[i];
+    } else {
+      const uint8_t* q = qh.codes + t * H;
+      const float* sc = qh.scales + t * hg;
+      for (int64_t i = 0; i < H; ++i) row[i] = double(table[q[i]]) * double(sc[i / G]);
+    }
+  }
+  if (budget) {
+    // GEMM1 budget input: c1 |a| + (1 + c1) da, so that da |W|^T (activation flips) and the
+    // accumulation term c1 |a_device| |W|^T come out of one GEMM (BUDGETS.md §2).
+    s.da.resize(n, H);
+    for (int64_t r = 0; r < n; ++r) {
+      const double* dev = bc.act_dev->data() + (t0 + job.slots[r] / k) * H;
+      for (int64_t i = 0; i < H; ++i) s.da(r, i) = bc.c1 * std::fabs(s.a(r, i)) + (1 + bc.c1) * dev[i];
+    }
+  }
+
+  // GEMM1: x [n, 2I] = a W13^T, rounded to intermediate_dtype in the quantized tier.
+  gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, budget ? &s.da : nullptr, &s.dx,
+                  &s.abs_panel);
+  const int64_t gate0 = c.gate_up_layout == GateUpLayout::gate_up ? 0 : I;
+  const int64_t up0 = I - gate0;
+  s.h.resize(n, I);
+  s.hrow.resize(I);
+  s.hcodes.resize(I);
+  s.hscales.resize(ig);
+  if (budget) s.dh.resize(n, I);
+  for (int64_t r = 0; r < n; ++r) {
+    const double* xr = s.x.row(r).data();
+    double* hr = s.h.row(r).data();
+    if (tier == Tier::ideal) {
+      for (int64_t i = 0; i < I; ++i) hr[i] = silu(xr[gate0 + i]) * xr[up0 + i];
+      continue;
+    }
+    const Precision ip = c.intermediate_dtype;
+    for (int64_t i = 0; i < I; ++i) {
+      const double g = round_to(xr[gate0 + i], ip), u = round_to(xr[up0 + i], ip);
+      // h is held in intermediate_dtype (float32 at least) before re-quantization.
+      s.hrow[i] = static_cast<float>(round_to(silu(g) * u, ip));
+    }
+    group_quantize_row(s.hrow.data(), I, G, c.scale_format, c.act_eps, s.hcodes.data(), s.hscales.data());
+    for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
+    if (budget) intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
+  }
+
+  // GEMM2: y [n, H] = h W2^T, stored per (token, slot).
+  gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, budget ? &s.dh : nullptr, &s.dy,
+                  &s.abs_panel);
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
+    if (budget) std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
+  }
+}
+
+}  // namespace
+
+// ---- driver --------------------------------------------------------------------------
+ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
+  const MoeConfig& c = p.config;
+  require_valid_config(c);
+  const int64_t T = p.tokens, H = c.hidden_size, k = c.top_k, G = c.group_size;
+  if (T < 0 || !p.hidden || !p.logits || !p.load_expert)
+    throw std::invalid_argument("moe_forward: hidden, logits and load_expert are required");
+
+  ForwardResult res;
+  res.tier = opt.tier;
+  if (opt.routing_override) {
+    res.routing = *opt.routing_override;
+    if (res.routing.tokens != T || res.routing.top_k != k)
+      throw std::invalid_argument("moe_forward: routing_override has the wrong shape");
+  } else {
+    res.routing = route(c, p.logits, p.bias, T);
+  }
+  const std::vector<double> exact_weights = res.routing.weights;  // before the quantized tier's rounding
+  if (opt.tier == Tier::quantized) round_weights(res.routing, c.routing_weight_dtype);
+  const BudgetModel* model = opt.tier == Tier::quantized ? opt.budget : nullptr;
+  const bool keep_slots = opt.expert_outputs || model;
+  const Routing& rt = res.routing;
+
+  // Every local expert a token routes to must be stored.
+  std::vector<char> stored(static_cast<size_t>(c.num_experts), 0);
+  for (int64_t e : p.stored_experts)
+    if (e >= 0 && e < c.num_experts) stored[e] = 1;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = rt.ids[t * k + j];
+      if (c.is_local(e) && !stored[e])
+        throw InputError(p.source, "/weights/expert_ids",
+                         fmt::format("token {} routes to local expert {}, which the case does not store", t, e));
+    }
+
+  // Quantized-tier activations, once per token.
+  QuantizedHidden qh;
+  if (opt.tier == Tier::quantized) {
+    if (p.hidden_fp8 && p.hidden_scale) {
+      qh.codes = p.hidden_fp8;
+      qh.scales = p.hidden_scale;
+    } else {
+      GroupQuantized g = group_quantize(p.hidden, T, H, G, c.scale_format, c.act_eps);
+      qh.own_codes = std::move(g.codes);
+      qh.own_scales = std::move(g.scales);
+      qh.codes = qh.own_codes.data();
+      qh.scales = qh.own_scales.data();
+    }
+  }
+
+  // Budget: deviation of the device's activations (scale and division slack; zero when the case
+  // carries the engine's own FP8 activations) and the two dot-product constants.
+  BudgetCtx bc;
+  std::vector<double> act_dev;
+  if (model) {
+    bc.model = model;
+    bc.c1 = dot_product_bound(model->acc, H, c.weight_block, false);
+    bc.c2 = dot_product_bound(model->acc, c.intermediate_size, c.weight_block, false);
+    act_dev.assign(static_cast<size_t>(T * H), 0.0);
+    if (!(p.hidden_fp8 && p.hidden_scale)) {
+      const float* table = fp8_table(Fp8Format::e4m3fn);
+      std::vector<double> x(G), deq(G);
+      const int64_t hg = ceil_div(H, G);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g0 = 0; g0 < H; g0 += G) {
+          const int64_t n = std::min(G, H - g0);
+          for (int64_t i = 0; i < n; ++i) {
+            x[i] = p.hidden[t * H + g0 + i];
+            deq[i] = double(table[qh.codes[t * H + g0 + i]]) * double(qh.scales[t * hg + g0 / G]);
+          }
+          requant_deviation(x.data(), x.data(), deq.data(), n, c.scale_format, c.act_eps, *model,
+                            act_dev.data() + t * H + g0);
+        }
+    }
+    bc.act_dev = &act_dev;
+    res.budget.assign(static_cast<size_t>(T * H), 0.0);
+    res.slot_budget.assign(static_cast<size_t>(T * k * H), 0.0);
+  }
+
+  res.output.assign(static_cast<size_t>(T * H), 0.0);
+  if (keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
+  const int64_t chunk = keep_slots ? std::max<int64_t>(T, 1)
+                                           : std::max<int64_t>(1, kSlotBufferBytes / (8 * k * std::max<int64_t>(H, 1)));
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::mutex load_mutex;
+  std::vector<double> chunk_slots;
+
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t nt = std::min(chunk, T - t0);
+    // Plan: (token, slot) pairs of each local expert, in token order.
+    std::vector<ExpertJob> jobs;
+    {
+      std::vector<int64_t> job_of(static_cast<size_t>(c.num_experts), -1);
+      for (int64_t tl = 0; tl < nt; ++tl)
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t e = rt.ids[(t0 + tl) * k + j];
+          if (!c.is_local(e)) continue;
+          if (job_of[e] < 0) {
+            job_of[e] = static_cast<int64_t>(jobs.size());
+            jobs.push_back({e, {}});
+          }
+          jobs[job_of[e]].slots.push_back(tl * k + j);
+        }
+    }
+    // Largest experts first, for load balance.
+    std::stable_sort(jobs.begin(), jobs.end(), [](const ExpertJob& a, const ExpertJob& b) {
+      return a.slots.size() > b.slots.size();
+    });
+
+    double* slots;
+    double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
+    if (keep_slots) {
+      slots = res.expert_outputs.data() + t0 * k * H;
+    } else {
+      chunk_slots.assign(static_cast<size_t>(nt * k * H), 0.0);
+      slots = chunk_slots.data();
+    }
+
+    std::atomic<size_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::exception_ptr failure;
+    std::mutex failure_mutex;
+    auto worker = [&] {
+      Scratch s;
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        try {
+          ExpertView w;
+          {
+            std::lock_guard<std::mutex> lock(load_mutex);
+            w = p.load_expert(jobs[i].expert);
+          }
+          run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, bc, s);
+          const int64_t d = ++done;
+          if (opt.progress) {
+            std::lock_guard<std::mutex> lock(load_mutex);
+            opt.progress(d, static_cast<int64_t>(jobs.size()));
+          }
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+          next = jobs.size();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    const int nthreads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(jobs.size(), 1)));
+    for (int i = 1; i < nthreads; ++i) pool.emplace_back(worker);
+    worker();
+    for (auto& th : pool) th.join();
+    if (failure) std::rethrow_exception(failure);
+
+    // Combine in slot order: out[t] = sum_j w_j * y_j (non-local slots hold 0 and add nothing).
+    // Budget (BUDGETS.md §5): e = sum_j |w_j| dy_j + dw_j (|y_j| + dy_j), plus the float32 sum of
+    // the k products, gamma_{k+1}(2^-24) sum_j (|w_j| + dw_j)(|y_j| + dy_j); then the bf16 rounding.
+    const double gk = (k + 1) * 0x1p-24 / (1 - (k + 1) * 0x1p-24);
+    std::vector<double> e(model ? H : 0);
+    for (int64_t tl = 0; tl < nt; ++tl) {
+      const int64_t t = t0 + tl;
+      double* o = res.output.data() + t * H;
+      std::fill(e.begin(), e.end(), 0.0);
+      for (int64_t j = 0; j < k; ++j) {
+        if (!c.is_local(rt.ids[t * k + j])) continue;
+        const double wj = rt.weights[t * k + j];
+        const double* y = slots + (tl * k + j) * H;
+        for (int64_t i = 0; i < H; ++i) o[i] += wj * y[i];
+        if (!model) continue;
+        const double dw =
+            weight_deviation(exact_weights[t * k + j], wj, c.routing_weight_dtype, c.num_experts + k, *model);
+        const double* dy = slot_budget + (tl * k + j) * H;
+        for (int64_t i = 0; i < H; ++i) {
+          const double ay = std::fabs(y[i]) + dy[i];
+          e[i] += std::fabs(wj) * dy[i] + dw * ay + gk * (std::fabs(wj) + dw) * ay;
+        }
+      }
+      if (model)
+        for (int64_t i = 0; i < H; ++i) res.budget[t * H + i] = output_budget_bf16(o[i], e[i]);
+    }
+    for (const ExpertJob& j : jobs) {
+      const double n = static_cast<double>(j.slots.size());
+      res.gemm_flops += 2.0 * n * double(H) * double(3 * c.intermediate_size);
+    }
+    res.experts_run += static_cast<int64_t>(jobs.size());
+  }
+  return res;
+}
+
+}  // namespace moecheck

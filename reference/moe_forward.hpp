@@ -1,0 +1,107 @@
+// The float64 MoE forward: what the layer means (tier "ideal") and what an FP8 block-scale
+// implementation is supposed to compute with every matrix product exact (tier "quantized").
+//
+// Tiers, step by step (docs/DEVICE-ALGORITHM.md is the device version of the same recipe):
+//   ideal      a = hidden states (bf16/float inputs are exact in double); weights dequantized
+//              exactly (decode(q) * scale, exact in double); x = a W13^T, h = silu(gate) * up,
+//              y = h W2^T, out = sum_slots w * y; everything in double; routing weights in double.
+//   quantized  a = dequant(group_quantize(hidden)) (or the case's own hidden_states_fp8 +
+//              scales); x = a W13^T in double, then rounded to intermediate_dtype;
+//              h = silu(gate) * up in double, rounded to intermediate_dtype (float32 at least);
+//              h group-quantized per group_size along I and dequantized; y = h W2^T in double;
+//              routing weights rounded to routing_weight_dtype; combine in double.
+// "Exact products": the GEMMs run in double on exactly dequantized operands. Their rounding
+// error is <= ~K * 2^-53 relative to sum |a||w| (about 1e-12 at K = 7168), which the budgets
+// (reference/BUDGETS.md) treat as zero: it is 9 orders of magnitude under the FP8 terms.
+//
+// Both tiers honour gate_up_layout, UE8M0 scales, expert parallelism (only experts in
+// [local_expert_offset, local_expert_offset + local_num_experts) contribute; a slot of another
+// expert gives 0, as in an EP shard before the all-reduce) and subset storage (a token routed to
+// a local expert the case does not store is an InputError).
+//
+// Memory and speed: weights stay FP8 in memory; one expert at a time is dequantized, in panels
+// of rows that stay in cache, never the layer. Tokens are grouped by expert and each expert runs
+// as two Eigen GEMMs in double; threads take experts from a shared counter. Slot outputs are
+// kept per (token, slot) and combined in slot order afterwards, so results do not depend on
+// thread scheduling.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "reference/moe_budget.hpp"
+#include "reference/moe_config.hpp"
+#include "reference/moe_routing.hpp"
+
+namespace moecheck {
+
+enum class Tier { ideal, quantized };
+std::string_view to_string(Tier t);
+std::optional<Tier> parse_tier(std::string_view s);
+inline std::ostream& operator<<(std::ostream& os, Tier t) { return os << to_string(t); }
+
+// One expert's FP8 weights as stored: w13 [2I, H] codes + [ceil(2I/B), ceil(H/B)] scales,
+// w2 [H, I] codes + [ceil(H/B), ceil(I/B)] scales. `owner` keeps the memory alive when the
+// loader allocated it (pointers may also point into memory the caller owns).
+struct ExpertView {
+  const uint8_t* w13 = nullptr;
+  const float* w13_scale = nullptr;
+  const uint8_t* w2 = nullptr;
+  const float* w2_scale = nullptr;
+  std::shared_ptr<void> owner;
+};
+
+// Returns the weights of one global expert. Called from worker threads, one call at a time
+// (the forward serialises calls, so a loader reading an HDF5 file needs no locking of its own).
+using ExpertLoader = std::function<ExpertView(int64_t global_expert)>;
+
+// Everything the forward reads. Pointers are row-major and must outlive the call.
+struct MoeProblem {
+  MoeConfig config;
+  int64_t tokens = 0;
+  const float* hidden = nullptr;        // [T, H] values (bf16 inputs decoded exactly)
+  const uint8_t* hidden_fp8 = nullptr;  // optional [T, H] e4m3 codes the engine produced ...
+  const float* hidden_scale = nullptr;  // ... and their scales [T, ceil(H/G)]
+  const float* logits = nullptr;        // [T, E]
+  const float* bias = nullptr;          // [E] or nullptr
+  std::vector<int64_t> stored_experts;  // global ids available to load_expert (ascending)
+  ExpertLoader load_expert;
+  std::string source;                   // file name for error messages
+};
+
+struct ForwardOptions {
+  Tier tier = Tier::quantized;
+  bool expert_outputs = false;          // keep the per-slot outputs [T, k, H]
+  int threads = 0;                      // 0: std::thread::hardware_concurrency()
+  // Use these ids and (exact, double) weights instead of routing; the quantized tier rounds the
+  // weights to routing_weight_dtype as it does its own.
+  const Routing* routing_override = nullptr;
+  // Quantized tier only: also compute the error budget of every output element and slot
+  // (reference/BUDGETS.md) under this model. Implies expert_outputs.
+  const BudgetModel* budget = nullptr;
+  // Called after each expert with (experts done, experts to do); may be empty.
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct ForwardResult {
+  Tier tier = Tier::quantized;
+  Routing routing;                      // ids, weights (rounded in the quantized tier), margins
+  std::vector<double> output;           // [T, H]
+  std::vector<double> expert_outputs;   // [T, k, H] when asked for; 0 for non-local slots
+  // With ForwardOptions::budget: bound on |device - reference| per output element [T, H]
+  // (after the device's bf16 rounding) and per slot output before weighting [T, k, H].
+  std::vector<double> budget, slot_budget;
+  int64_t experts_run = 0;              // local experts that received at least one token
+  double gemm_flops = 0;                // 2*m*n*k summed over both GEMMs of every expert
+};
+
+ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt);
+
+// SiLU in double: g / (1 + exp(-g)) (g -> -inf gives -0, never NaN).
+double silu(double g);
+
+}  // namespace moecheck

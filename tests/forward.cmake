@@ -1,0 +1,2 @@
+# The float64 MoE forward: agreement with a naive implementation, and its properties.
+moecheck_add_test(moe_forward_test SOURCES moe_forward_test.cpp LABELS reference)
