@@ -1,0 +1,206 @@
+// Permutation of the MoE slots into the grouped GEMM's row layout (moe_stages.hpp, "The
+// permuted layout"), and the gather of token rows into the permuted A operand.
+//
+// Four launches, deterministic (no result depends on thread scheduling):
+//   count_local_slots   slots of each local expert (atomic counts: order-free integers);
+//                       slots of non-local experts get slot_to_row = -1 (EP skip)
+//   build_row_offsets   one block: padded offsets (exclusive scan), tile -> expert map,
+//                       totals, row_to_slot = -1 for the unused rows past the last tile
+//   scatter_slots       one block per local expert: stable compaction of its slots in
+//                       ascending (t, j) order by warp ballots, padding rows -> -1
+//   gather_rows         one block per row: codes + scales of the row's token (zeros / 1 for
+//                       padding rows, so the GEMM computes exact zeros there)
+// Host-sync free: the kernels size their work from device-side totals, the grids from the
+// capacity bound (permute_capacity), so the whole MoE can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/launch_checks.hpp"
+#include "kernels/moe_stages.hpp"
+
+namespace moecheck::kernels {
+
+namespace {
+
+constexpr int kScatterThreads = 256;
+constexpr int kTileM = static_cast<int>(kGemmTileM);
+
+__global__ void count_local_slots_kernel(const int32_t* __restrict__ ids, int64_t slots, int32_t offset,
+                                         int32_t local, int32_t* __restrict__ counts,
+                                         int32_t* __restrict__ slot_to_row) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slots;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[i] - offset;
+    if (e >= 0 && e < local) atomicAdd(counts + e, 1);
+    else slot_to_row[i] = -1;
+  }
+}
+
+// Serial scan by thread 0 (E_local <= kMaxExperts: microseconds), then the tile map in parallel.
+__global__ void build_row_offsets_kernel(const int32_t* __restrict__ counts, int32_t local, int64_t max_tiles,
+                                         int32_t* __restrict__ row_offset, int32_t* __restrict__ tile_expert,
+                                         int32_t* __restrict__ row_to_slot, int32_t* __restrict__ totals) {
+  extern __shared__ int32_t tile_start[];  // [local + 1]
+  if (threadIdx.x == 0) {
+    int32_t tiles = 0;
+    for (int32_t e = 0; e < local; ++e) {
+      tile_start[e] = tiles;
+      row_offset[e] = tiles * kTileM;
+      tiles += (counts[e] + kTileM - 1) / kTileM;
+    }
+    tile_start[local] = tiles;
+    row_offset[local] = tiles * kTileM;
+    totals[0] = tiles * kTileM;
+    totals[1] = tiles;
+  }
+  __syncthreads();
+  const int32_t tiles = tile_start[local];
+  for (int64_t t = threadIdx.x; t < max_tiles; t += blockDim.x) {
+    int32_t e = -1;
+    if (t < tiles) {  // last expert whose first tile is <= t (empty experts share a start)
+      int32_t lo = 0, hi = local;  // invariant: tile_start[lo] <= t < tile_start[hi]
+      while (hi - lo > 1) {
+        const int32_t mid = (lo + hi) / 2;
+        if (tile_start[mid] <= t) lo = mid;
+        else hi = mid;
+      }
+      e = lo;
+    }
+    tile_expert[t] = e;
+  }
+  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + threadIdx.x; r < max_tiles * kTileM; r += blockDim.x)
+    row_to_slot[r] = -1;
+}
+
+__global__ void __launch_bounds__(kScatterThreads)
+    scatter_slots_kernel(const int32_t* __restrict__ ids, int64_t slots, int32_t offset,
+                         const int32_t* __restrict__ counts, const int32_t* __restrict__ row_offset,
+                         int32_t* __restrict__ slot_to_row, int32_t* __restrict__ row_to_slot) {
+  __shared__ int32_t warp_count[kScatterThreads / 32];
+  const int32_t e = blockIdx.x;
+  const int32_t expert = offset + e;
+  const int32_t base = row_offset[e];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int32_t running = 0;
+  for (int64_t chunk = 0; chunk < slots; chunk += kScatterThreads) {
+    const int64_t i = chunk + threadIdx.x;
+    const bool mine = i < slots && ids[i] == expert;
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int32_t before = 0, total = 0;
+    for (int w = 0; w < kScatterThreads / 32; ++w) {
+      before += w < warp ? warp_count[w] : 0;
+      total += warp_count[w];
+    }
+    if (mine) {
+      const int32_t row = base + running + before + __popc(ballot & ((1u << lane) - 1u));
+      slot_to_row[i] = row;
+      row_to_slot[row] = static_cast<int32_t>(i);
+    }
+    running += total;
+    __syncthreads();  // warp_count is rewritten by the next chunk
+  }
+  const int32_t padded_end = row_offset[e + 1];
+  for (int32_t r = base + counts[e] + threadIdx.x; r < padded_end; r += kScatterThreads) row_to_slot[r] = -1;
+}
+
+__global__ void gather_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales,
+                                   bool transposed, int64_t tokens, int64_t hidden, int64_t top_k,
+                                   const int32_t* __restrict__ row_to_slot, const int32_t* __restrict__ totals,
+                                   uint8_t* __restrict__ a_codes, float* __restrict__ a_scales) {
+  const int64_t r = blockIdx.x;
+  if (r >= totals[0]) return;
+  const int32_t slot = row_to_slot[r];
+  const int64_t groups = hidden / kScaleBlock;
+  uint4* dst = reinterpret_cast<uint4*>(a_codes + r * hidden);
+  float* dst_scale = a_scales + r * groups;
+  if (slot >= 0) {
+    const int64_t t = slot / top_k;
+    const uint4* src = reinterpret_cast<const uint4*>(codes + t * hidden);
+    for (int64_t i = threadIdx.x; i < hidden / 16; i += blockDim.x) dst[i] = src[i];
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x)
+      dst_scale[g] = transposed ? scales[g * tokens + t] : scales[t * groups + g];
+  } else {
+    for (int64_t i = threadIdx.x; i < hidden / 16; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) dst_scale[g] = 1.0f;
+  }
+}
+
+}  // namespace
+
+PermuteCapacity permute_capacity(int64_t tokens, int64_t top_k, int64_t local_experts) {
+  PermuteCapacity c;
+  const int64_t slots = tokens * top_k;
+  // Each non-empty expert wastes at most kGemmTileM - 1 rows; at most min(E_local, slots) are
+  // non-empty: tiles = sum ceil(c_e / M) <= (slots + nonempty * (M - 1)) / M.
+  const int64_t nonempty = std::min(local_experts, slots);
+  c.max_tiles = std::max<int64_t>(1, (slots + nonempty * (kGemmTileM - 1)) / kGemmTileM);
+  c.max_rows = c.max_tiles * kGemmTileM;
+  return c;
+}
+
+void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, int64_t local_expert_offset,
+                        int64_t local_experts, const PermuteCapacity& cap, const PermutePlan& plan,
+                        cudaStream_t stream) {
+  const char* who = "moe_permute";
+  require(tokens >= 0 && top_k >= 1 && tokens * top_k <= 0x7FFFFFFF, who, "T * top_k must fit in int32");
+  require(local_experts >= 1 && local_experts <= kMaxExperts, who,
+          "local_num_experts must be in [1, " + std::to_string(kMaxExperts) + "]");
+  require(local_expert_offset >= 0 && local_expert_offset + local_experts <= 0x7FFFFFFF, who,
+          "local_expert_offset out of range");
+  const PermuteCapacity need = permute_capacity(tokens, top_k, local_experts);
+  require(cap.max_tiles >= need.max_tiles && cap.max_rows == cap.max_tiles * kGemmTileM, who,
+          "capacity smaller than permute_capacity(T, k, E_local)");
+  require_ptr(plan.expert_count, who, "expert_count", 4);
+  require_ptr(plan.row_offset, who, "row_offset", 4);
+  require_ptr(plan.tile_expert, who, "tile_expert", 4);
+  require_ptr(plan.row_to_slot, who, "row_to_slot", 4);
+  require_ptr(plan.totals, who, "totals", 4);
+  const int64_t slots = tokens * top_k;
+  if (slots > 0) {
+    require_ptr(topk_ids, who, "topk_ids", 4);
+    require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
+  }
+  const auto local = static_cast<int32_t>(local_experts);
+  const auto offset = static_cast<int32_t>(local_expert_offset);
+
+  MOECHECK_CUDA_CHECK(cudaMemsetAsync(plan.expert_count, 0, sizeof(int32_t) * local_experts, stream));
+  if (slots > 0) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((slots + 255) / 256, 4096));
+    count_local_slots_kernel<<<blocks, 256, 0, stream>>>(topk_ids, slots, offset, local, plan.expert_count,
+                                                          plan.slot_to_row);
+    MOECHECK_CUDA_CHECK_LAUNCH("count_local_slots_kernel");
+  }
+  build_row_offsets_kernel<<<1, 1024, sizeof(int32_t) * (local_experts + 1), stream>>>(
+      plan.expert_count, local, cap.max_tiles, plan.row_offset, plan.tile_expert, plan.row_to_slot, plan.totals);
+  MOECHECK_CUDA_CHECK_LAUNCH("build_row_offsets_kernel");
+  scatter_slots_kernel<<<static_cast<unsigned>(local), kScatterThreads, 0, stream>>>(
+      topk_ids, slots, offset, plan.expert_count, plan.row_offset, plan.slot_to_row, plan.row_to_slot);
+  MOECHECK_CUDA_CHECK_LAUNCH("scatter_slots_kernel");
+}
+
+void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout scale_layout, int64_t tokens,
+                        int64_t hidden, int64_t top_k, const PermuteCapacity& cap, const PermutePlan& plan,
+                        uint8_t* a_codes, float* a_scales, cudaStream_t stream) {
+  const char* who = "gather_rows";
+  require(hidden > 0 && hidden % kScaleBlock == 0, who, "hidden size must be a positive multiple of 128");
+  require(tokens >= 0 && top_k >= 1, who, "need tokens >= 0 and top_k >= 1");
+  require_ptr(a_codes, who, "a_codes", 16);
+  require_ptr(a_scales, who, "a_scales", 4);
+  require_ptr(plan.row_to_slot, who, "row_to_slot", 4);
+  require_ptr(plan.totals, who, "totals", 4);
+  if (tokens > 0) {
+    require_ptr(codes, who, "hidden codes", 16);
+    require_ptr(scales, who, "hidden scales", 4);
+  }
+  gather_rows_kernel<<<grid_x(cap.max_rows, who), 128, 0, stream>>>(
+      codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k, plan.row_to_slot, plan.totals,
+      a_codes, a_scales);
+  MOECHECK_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+}
+
+}  // namespace moecheck::kernels

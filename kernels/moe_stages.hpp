@@ -1,0 +1,115 @@
+// The stages of the GPU FP8 block-scale MoE path, each a host function that launches its
+// kernel(s) on a stream. fp8_block_scale_moe.hpp chains them; a cuBLASLt path can reuse every
+// stage except the grouped GEMM (routing, quantization, permutation, SiLU, finalize).
+//
+// Stage                          kernel file                           contract
+//   launch_moe_routing           moe_routing.cu                        DEVICE-ALGORITHM.md §1
+//   launch_fp8_group_quant       fp8_group_quant.cu                    §2
+//   launch_moe_permute           moe_permute.cu (slots -> rows)        -
+//   launch_gather_rows           moe_permute.cu (token rows -> A)      -
+//   launch_sm90_fp8_grouped_gemm sm90_fp8_grouped_gemm_1d2d.cu         §3 (GEMM1), §5 (GEMM2)
+//   launch_silu_mul_quant        silu_mul_quant.cu                     §4
+//   launch_moe_finalize          moe_finalize.cu                       §6
+//
+// Memory: every pointer is a device pointer; nothing is allocated here. Invalid arguments
+// (shapes, null pointers, misalignment) are std::invalid_argument; CUDA failures CudaError.
+//
+// The permuted layout ("rows"): the local slots (token t, slot j) with a local expert are
+// grouped by local expert, in ascending (t, j) order inside an expert; expert e's rows start at
+// row_offset[e], a multiple of kGemmTileM, and its block is padded up to a multiple of
+// kGemmTileM with padding rows (row_to_slot = -1; zero codes, scale 1, so they compute exact
+// zeros and never touch another row). M tile i of the grouped GEMM belongs to tile_expert[i].
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "reference/fp8_quant.hpp"
+#include "reference/moe_config.hpp"
+
+namespace moecheck::kernels {
+
+inline constexpr int64_t kGemmTileM = 64;    // rows per M tile; expert blocks are padded to it
+inline constexpr int64_t kGemmTileN = 128;   // columns per N tile (= one weight-scale block)
+inline constexpr int64_t kScaleBlock = 128;  // activation group = weight block = GEMM K block
+inline constexpr int64_t kMaxExperts = 4096; // routing keeps a token's E scores in shared memory
+inline constexpr int64_t kMaxTopK = 32;
+
+// ---- Routing (moe_routing.cu) ------------------------------------------------------------
+// logits [T, E] float, bias [E] or nullptr (only deepseek_v3 / sigmoid_renormalize take one).
+// topk_ids [T, k] int32 in rank order (descending selection score, ties to the lower id);
+// topk_weights [T, k] float = routed_scaling_factor * weight, rounded to routing_weight_dtype.
+void launch_moe_routing(const MoeConfig& c, const float* logits, const float* bias, int64_t tokens,
+                        int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+
+// ---- Activation group quantization (fp8_group_quant.cu) ---------------------------------
+enum class ActivationDtype { f32, bf16 };  // bf16 values as raw uint16 bits
+// x [rows, cols] row-major -> codes [rows, cols] e4m3 + scales, one per (row, 128 columns):
+// row_major [rows, cols/128] or transposed [cols/128, rows]. cols % 128 == 0.
+void launch_fp8_group_quant(const void* x, ActivationDtype dtype, int64_t rows, int64_t cols, ScaleFormat fmt,
+                            double eps, ScaleLayout layout, uint8_t* codes, float* scales, cudaStream_t stream);
+
+// ---- Permutation (moe_permute.cu) ---------------------------------------------------------
+struct PermuteCapacity {
+  int64_t max_rows = 0;   // upper bound of the padded row count, a multiple of kGemmTileM
+  int64_t max_tiles = 0;  // max_rows / kGemmTileM
+};
+// Worst case over all routings of T tokens x k slots onto local_experts experts.
+PermuteCapacity permute_capacity(int64_t tokens, int64_t top_k, int64_t local_experts);
+
+struct PermutePlan {              // device arrays
+  int32_t* expert_count = nullptr;  // [E_local] slots routed to each local expert
+  int32_t* row_offset = nullptr;    // [E_local + 1] first row of each expert; [E_local] = total rows
+  int32_t* tile_expert = nullptr;   // [max_tiles] local expert of each M tile, -1 past the last tile
+  int32_t* slot_to_row = nullptr;   // [T * k] permuted row of slot t*k+j, -1 if its expert is not local
+  int32_t* row_to_slot = nullptr;   // [max_rows] slot t*k+j of each row, -1 for padding (and unused) rows
+  int32_t* totals = nullptr;        // [2] total padded rows, number of M tiles
+};
+// Builds the plan from topk_ids [T, k] (global ids); experts outside [offset, offset + local)
+// are skipped. Writes every element of every plan array.
+void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, int64_t local_expert_offset,
+                        int64_t local_experts, const PermuteCapacity& cap, const PermutePlan& plan,
+                        cudaStream_t stream);
+
+// Gathers token rows into the permuted A operand: a_codes [max_rows, H], a_scales row-major
+// [max_rows, H/128] from codes [T, H] and scales (layout as given: [T, H/128] or [H/128, T]).
+// Rows >= totals[0] are left untouched; padding rows get zero codes and scale 1.
+void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout scale_layout, int64_t tokens,
+                        int64_t hidden, int64_t top_k, const PermuteCapacity& cap, const PermutePlan& plan,
+                        uint8_t* a_codes, float* a_scales, cudaStream_t stream);
+
+// ---- Grouped GEMM, FP8 x FP8, 1x128 x 128x128 scales (sm90_fp8_grouped_gemm_1d2d.cu) ------
+// D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
+// the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
+// e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
+// skipped (their D rows are not written).
+struct GroupedGemmArgs {
+  const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
+  const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
+  const uint8_t* b = nullptr;        // [E_local, N, K] e4m3 (row n of expert e = output column n)
+  const float* b_scale = nullptr;    // [E_local, N/128, K/128]
+  const int32_t* tile_expert = nullptr;  // [max_tiles]
+  int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
+  Precision out_precision = Precision::f32;
+  float* d = nullptr;                // [max_tiles * kGemmTileM, N]
+};
+void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);
+
+// ---- SiLU * up and re-quantization (silu_mul_quant.cu) -------------------------------------
+// gemm1_out [max_rows, 2I] float (already rounded to intermediate); rows < totals[0] become
+// codes [max_rows, I] + row-major scales [max_rows, I/128]: h = fl32(silu(gate) * up) rounded
+// to `intermediate`, quantized per 128 along I.
+void launch_silu_mul_quant(const float* gemm1_out, int64_t max_rows, const int32_t* totals, int64_t inter,
+                           GateUpLayout layout, Precision intermediate, ScaleFormat fmt, double eps,
+                           uint8_t* codes, float* scales, cudaStream_t stream);
+
+// ---- Finalize (moe_finalize.cu) -------------------------------------------------------------
+// out [T, H] bf16 bits = bf16(sum over local slots j (ascending) of w_j * y_j, FFMA in float32),
+// exactly 0 for tokens with no local slot; expert_outputs [T, k, H] (optional) = y of each
+// slot, 0 for non-local slots.
+void launch_moe_finalize(const float* gemm2_out, const int32_t* slot_to_row, const float* topk_weights,
+                         int64_t tokens, int64_t top_k, int64_t hidden, uint16_t* out_bf16, float* expert_outputs,
+                         cudaStream_t stream);
+
+}  // namespace moecheck::kernels

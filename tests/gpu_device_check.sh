@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU-host check of the CUDA kernels, run from inside the bundle that
+# /work/shared/tools/bundle-for-gpu-host makes (bin/gpu_kernels_test + lib/):
+#   .gpu-bundle/run bash gpu_device_check.sh [all|sanitize|both]
+# Writes logs to $OUT (or /tmp/gpu-check): the device, the FP8 MMA instructions in the SASS,
+# the full test log, and (sanitize) compute-sanitizer memcheck + racecheck on a small set.
+set -uo pipefail
+out=${OUT:-/tmp/gpu-check}
+mkdir -p "$out"
+mode=${1:-all}
+small='GpuQuant.*:GpuRouting.ExactTies*:GpuGemm.Exact*:Cases/GpuMoe.StagesWithinBounds/t1_deepseek_grouped:Cases/GpuMoe.StagesWithinBounds/ep_tokens_without_local_expert:Cases/GpuMoe.StagesWithinBounds/ue8m0_up_gate_bf16:Cases/GpuMoe.StagesWithinBounds/bf16_entry_sigmoid_eps'
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/device.txt"
+if command -v cuobjdump >/dev/null; then
+  cuobjdump -sass bin/gpu_kernels_test > "$out/sass.txt" 2>&1
+  echo "MMA instructions in the SASS:"
+  grep -oE '\b[A-Z]*MMA[.A-Z0-9_]*' "$out/sass.txt" | sort | uniq -c | tee "$out/mma.txt"
+fi
+rc=0
+if [ "$mode" = all ] || [ "$mode" = both ]; then
+  timeout 200 bin/gpu_kernels_test 2>&1 | tee "$out/log.txt"
+  rc=${PIPESTATUS[0]}
+  grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$out/log.txt" | tail -30
+fi
+if [ "$mode" = sanitize ] || [ "$mode" = both ]; then
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 bin/gpu_kernels_test --gtest_filter="$small" \
+      > "$out/$tool.txt" 2>&1
+    r=$?
+    echo "compute-sanitizer $tool: exit $r"; tail -5 "$out/$tool.txt"
+    [ $r -ne 0 ] && rc=$r
+  done
+fi
+exit $rc

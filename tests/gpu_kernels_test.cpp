@@ -1,0 +1,382 @@
+// Stage tests of the GPU MoE path (kernels/): argument checks (run everywhere, no GPU needed),
+// activation quantization bit-exact with the reference, routing against the float64
+// reference, and the grouped FP8 GEMM (bit-exact on exact-arithmetic inputs, within the derived
+// bound on realistic ones). Whole-layer tests: gpu_moe_test.cpp.
+//
+// Without a usable CUDA device every GPU test reports SKIPPED ("no CUDA device: <reason>").
+// Every device output is poisoned with 0xFF bytes before the run, and every element checked.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/fp8_block_scale_moe.hpp"
+#include "kernels/moe_stages.hpp"
+#include "reference/fp8_formats.hpp"
+#include "reference/fp8_quant.hpp"
+#include "reference/moe_routing.hpp"
+#include "tests/gpu_test_support.hpp"
+
+namespace moecheck::gputest {
+namespace {
+
+MoeConfig small_config(RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I) {
+  MoeConfig c;
+  c.num_experts = E;
+  c.top_k = k;
+  c.hidden_size = H;
+  c.intermediate_size = I;
+  c.routing = method;
+  return c;
+}
+
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "<no std::invalid_argument thrown>";
+}
+
+// ---- Argument checks and host-side contracts (no GPU needed) -----------------------------------
+
+TEST(GpuApi, RejectsSizesThatAreNotMultiplesOf128) {
+  MoeConfig c = small_config(RoutingMethod::renormalize, 8, 2, 256, 100);
+  ASSERT_TRUE(config_problems(c).empty());
+  EXPECT_NE(invalid_argument_message([&] { kernels::MoeWorkspace::required_bytes(c, 4); })
+                .find("intermediate_size must be a multiple of 128"),
+            std::string::npos);
+  c.intermediate_size = 128;
+  c.hidden_size = 200;
+  EXPECT_NE(invalid_argument_message([&] { kernels::MoeWorkspace::required_bytes(c, 4); })
+                .find("hidden_size must be a multiple of 128"),
+            std::string::npos);
+  c.hidden_size = 256;
+  EXPECT_GT(kernels::MoeWorkspace::required_bytes(c, 4), 0u);
+}
+
+TEST(GpuApi, RejectsInvalidConfigAndBiasForMethodsWithoutOne) {
+  MoeConfig c = small_config(RoutingMethod::renormalize, 8, 9, 128, 128);  // top_k > E
+  EXPECT_NE(invalid_argument_message([&] { kernels::MoeWorkspace::required_bytes(c, 4); }).find("top_k"),
+            std::string::npos);
+  c.top_k = 2;
+  const float dummy[8] = {};
+  int32_t ids[2];
+  float w[2];
+  // Checked before anything touches the (host) pointers or the device.
+  EXPECT_NE(invalid_argument_message([&] { kernels::launch_moe_routing(c, dummy, dummy, 1, ids, w, nullptr); })
+                .find("bias"),
+            std::string::npos);
+}
+
+TEST(GpuApi, CudaErrorNamesCallMessageAndLocation) {
+  const CudaError e("cudaMalloc(&p, 16)", cudaErrorMemoryAllocation, "x.cu", 7);
+  EXPECT_STREQ(e.what(), "cudaMalloc(&p, 16) failed: out of memory (x.cu:7)");
+  EXPECT_EQ(e.code(), cudaErrorMemoryAllocation);
+}
+
+TEST(GpuApi, FlashInferConfigMapping) {
+  const MoeConfig c = kernels::flashinfer_moe_config(256, 8, 8, 4, 7168, 2048, 32, 32, 2.5, 2);
+  EXPECT_EQ(c.routing, RoutingMethod::deepseek_v3);
+  EXPECT_EQ(c.gate_up_layout, GateUpLayout::up_gate);
+  EXPECT_EQ(c.routing_weight_dtype, Precision::bf16);
+  EXPECT_EQ(c.n_group, 8);
+  EXPECT_EQ(c.local_experts(), 32);
+  EXPECT_TRUE(config_problems(c).empty());
+  const MoeConfig r = kernels::flashinfer_moe_config(128, 8, 0, 0, 4096, 1536, 0, 128, 1.0, 4);
+  EXPECT_EQ(r.routing, RoutingMethod::renormalize);
+  EXPECT_EQ(r.n_group, 1);
+  EXPECT_EQ(kernels::flashinfer_moe_config(128, 8, 0, 0, 4096, 1536, 0, 128, 1.0, 0).routing,
+            RoutingMethod::softmax_topk);
+  EXPECT_THROW(kernels::flashinfer_moe_config(128, 8, 0, 0, 4096, 1536, 0, 128, 1.0, 7), std::invalid_argument);
+}
+
+// The capacity bound holds for every split of T*k slots over the experts (checked exhaustively on
+// small sizes: the worst case puts one slot on as many experts as possible, the rest on one).
+TEST(GpuApi, PermuteCapacityBoundsEveryRouting) {
+  for (int64_t E = 1; E <= 6; ++E)
+    for (int64_t slots = 1; slots <= 200; ++slots) {
+      const auto cap = kernels::permute_capacity(slots, 1, E);
+      // worst split: n experts with one slot each... and the remainder on the last one
+      for (int64_t n = 1; n <= std::min(E, slots); ++n) {
+        const int64_t rest = slots - (n - 1);
+        const int64_t tiles = (n - 1) + (rest + kernels::kGemmTileM - 1) / kernels::kGemmTileM;
+        EXPECT_LE(tiles, cap.max_tiles) << "E=" << E << " slots=" << slots << " n=" << n;
+      }
+      // and the balanced split
+      int64_t tiles = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t c = slots / E + (e < slots % E ? 1 : 0);
+        tiles += (c + kernels::kGemmTileM - 1) / kernels::kGemmTileM;
+      }
+      EXPECT_LE(tiles, cap.max_tiles);
+      EXPECT_EQ(cap.max_rows, cap.max_tiles * kernels::kGemmTileM);
+    }
+}
+
+// ---- Activation quantization: bit-exact ---------------------------------------------------------
+
+struct QuantCase {
+  kernels::ActivationDtype dtype;
+  ScaleFormat fmt;
+  ScaleLayout layout;
+  double eps;
+};
+
+TEST(GpuQuant, BitExactWithReferenceGroupQuantize) {
+  MOECHECK_REQUIRE_GPU();
+  const int64_t rows = 37, cols = 640, groups = cols / 128;
+  // Values of every magnitude class: N(0,1) rows scaled by 2^(-130..+100) in steps, an all-zero
+  // group per row (eps scale), groups below eps, and one group of exact multiples of 448.
+  std::vector<float> x = normal_floats(11, 1, static_cast<size_t>(rows * cols), 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = static_cast<int>(r * 230 / rows) - 130;
+    for (int64_t c = 0; c < cols; ++c) x[r * cols + c] = std::ldexp(x[r * cols + c], e);
+    std::fill_n(x.begin() + r * cols + (r % groups) * 128, 128, 0.0f);
+    if (r == 3)
+      for (int64_t c = 128; c < 256; ++c) x[r * cols + c] = 448.0f * static_cast<float>((c % 7) - 3);
+  }
+  std::vector<uint16_t> xb(x.size());
+  std::vector<float> xbf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = bf16_encode(x[i]);
+    xbf[i] = bf16_decode(xb[i]);
+  }
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint16_t> dxb(xb);
+  for (auto dtype : {kernels::ActivationDtype::f32, kernels::ActivationDtype::bf16})
+    for (auto fmt : {ScaleFormat::f32, ScaleFormat::ue8m0})
+      for (auto layout : {ScaleLayout::row_major, ScaleLayout::transposed})
+        for (double eps : {1e-10, 1e-2}) {
+          SCOPED_TRACE(std::string("dtype=") + (dtype == kernels::ActivationDtype::f32 ? "f32" : "bf16") +
+                       " fmt=" + std::string(to_string(fmt)) +
+                       " layout=" + (layout == ScaleLayout::row_major ? "row_major" : "transposed") +
+                       " eps=" + std::to_string(eps));
+          DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows * cols));
+          DeviceBuffer<float> scales(static_cast<size_t>(rows * groups));
+          const void* src = dtype == kernels::ActivationDtype::f32 ? static_cast<const void*>(dx.get()) : dxb.get();
+          kernels::launch_fp8_group_quant(src, dtype, rows, cols, fmt, eps, layout, codes.get(), scales.get(), nullptr);
+          MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto& in = dtype == kernels::ActivationDtype::f32 ? x : xbf;
+          const GroupQuantized ref = group_quantize(in.data(), rows, cols, 128, fmt, eps, layout);
+          const auto got_codes = codes.download();
+          const auto got_scales = scales.download();
+          int64_t bad_codes = 0, bad_scales = 0;
+          for (size_t i = 0; i < got_codes.size(); ++i) bad_codes += got_codes[i] != ref.codes[i];
+          for (size_t i = 0; i < got_scales.size(); ++i)
+            bad_scales += std::memcmp(&got_scales[i], &ref.scales[i], sizeof(float)) != 0;
+          EXPECT_EQ(bad_codes, 0) << "codes differing from reference group_quantize";
+          EXPECT_EQ(bad_scales, 0) << "scales differing (bitwise) from reference group_quantize";
+        }
+}
+
+// ---- Routing ---------------------------------------------------------------------------------------
+
+struct RoutingCase {
+  const char* name;
+  RoutingMethod method;
+  int64_t E, k, n_group, topk_group;
+  double rsf;
+  bool bias;
+  Precision wdt;
+};
+
+std::vector<float> run_routing(const MoeConfig& c, const std::vector<float>& logits, const std::vector<float>& bias,
+                               int64_t T, std::vector<int32_t>* ids_out) {
+  DeviceBuffer<float> dl(logits), db(bias);
+  DeviceBuffer<int32_t> ids(static_cast<size_t>(T * c.top_k));
+  DeviceBuffer<float> w(static_cast<size_t>(T * c.top_k));
+  kernels::launch_moe_routing(c, dl.get(), bias.empty() ? nullptr : db.get(), T, ids.get(), w.get(), nullptr);
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+  *ids_out = ids.download();
+  return w.download();
+}
+
+TEST(GpuRouting, EveryMethodMatchesReferenceWithinFloat32Ties) {
+  MOECHECK_REQUIRE_GPU();
+  const RoutingCase cases[] = {
+      {"deepseek_v3", RoutingMethod::deepseek_v3, 256, 8, 8, 4, 2.5, true, Precision::bf16},
+      {"deepseek_v3_f32w", RoutingMethod::deepseek_v3, 256, 8, 8, 4, 2.5, true, Precision::f32},
+      {"kimi_k2", RoutingMethod::deepseek_v3, 384, 8, 1, 1, 2.827, true, Precision::f32},
+      {"dslite", RoutingMethod::deepseek_v3, 72, 6, 1, 1, 1.0, false, Precision::f32},
+      {"one_expert_groups", RoutingMethod::deepseek_v3, 16, 3, 16, 5, 1.0, true, Precision::f32},
+      {"renormalize", RoutingMethod::renormalize, 128, 8, 1, 1, 1.0, false, Precision::f32},
+      {"softmax_topk", RoutingMethod::softmax_topk, 32, 2, 1, 1, 1.0, false, Precision::bf16},
+      {"sigmoid_renormalize", RoutingMethod::sigmoid_renormalize, 64, 4, 1, 1, 1.0, true, Precision::f32},
+      {"sigmoid_renormalize_nobias", RoutingMethod::sigmoid_renormalize, 60, 5, 1, 1, 1.5, false, Precision::f32},
+      {"llama4", RoutingMethod::llama4, 16, 1, 1, 1, 1.0, false, Precision::f32},
+  };
+  const int64_t T = 300;
+  uint64_t seed = 100;
+  for (const auto& rc : cases) {
+    SCOPED_TRACE(rc.name);
+    MoeConfig c = small_config(rc.method, rc.E, rc.k, 128, 128);
+    c.n_group = rc.n_group;
+    c.topk_group = rc.topk_group;
+    c.routed_scaling_factor = rc.rsf;
+    c.routing_weight_dtype = rc.wdt;
+    ASSERT_TRUE(config_problems(c).empty());
+    const auto logits = normal_floats(++seed, 1, static_cast<size_t>(T * rc.E), 2.0);
+    const auto bias = rc.bias ? normal_floats(seed, 2, static_cast<size_t>(rc.E), 0.5) : std::vector<float>{};
+    std::vector<int32_t> ids;
+    const auto w = run_routing(c, logits, bias, T, &ids);
+    const CheckReport r = check_routing(c, logits.data(), rc.bias ? bias.data() : nullptr, T, ids, w);
+    EXPECT_TRUE(r.ok) << r;
+    std::cout << "  [routing " << rc.name << "] " << r << "\n";
+  }
+}
+
+// Logits on a coarse grid: many exactly equal scores. Equal inputs give bit-equal float32 scores,
+// so the GPU must break every tie exactly as the reference does (lower index), ids and order.
+TEST(GpuRouting, ExactTiesGoToTheLowerIndex) {
+  MOECHECK_REQUIRE_GPU();
+  const int64_t T = 200;
+  for (auto method : {RoutingMethod::deepseek_v3, RoutingMethod::renormalize, RoutingMethod::softmax_topk,
+                      RoutingMethod::sigmoid_renormalize, RoutingMethod::llama4}) {
+    SCOPED_TRACE(std::string(to_string(method)));
+    MoeConfig c = small_config(method, 32, method == RoutingMethod::llama4 ? 1 : 4, 128, 128);
+    if (method == RoutingMethod::deepseek_v3) {
+      c.n_group = 4;
+      c.topk_group = 2;
+    }
+    std::vector<float> logits = uniform_floats(7, 1, static_cast<size_t>(T * 32), 0, 5);
+    // {0.1, 0.35, 0.6, 0.85, 1.1}: positive and irregular, so no two different pairs of
+    // sigmoids have an equal sum (sigmoid(x) + sigmoid(-x) = 1 would tie group scores in
+    // exact arithmetic and let float and double round the tie differently).
+    for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+    std::vector<int32_t> ids;
+    const auto w = run_routing(c, logits, {}, T, &ids);
+    const Routing ref = route(c, logits.data(), nullptr, T);
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < ids.size(); ++i) mismatches += ids[i] != ref.ids[i];
+    EXPECT_EQ(mismatches, 0) << "ids differing from the reference's lower-index tie break";
+    const CheckReport r = check_routing(c, logits.data(), nullptr, T, ids, w);
+    EXPECT_TRUE(r.ok) << r;
+  }
+}
+
+// ---- Grouped GEMM ------------------------------------------------------------------------------------
+
+struct GemmProblem {
+  int64_t experts, n, k;
+  std::vector<int32_t> tile_expert;  // per M tile, -1 = skipped
+  std::vector<uint8_t> a, b;
+  std::vector<float> sa, sb;
+  int64_t rows() const { return static_cast<int64_t>(tile_expert.size()) * kernels::kGemmTileM; }
+};
+
+std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
+  DeviceBuffer<uint8_t> a(p.a), b(p.b);
+  DeviceBuffer<float> sa(p.sa), sb(p.sb);
+  DeviceBuffer<int32_t> te(p.tile_expert);
+  DeviceBuffer<float> d(static_cast<size_t>(p.rows() * p.n));
+  kernels::GroupedGemmArgs g;
+  g.a = a.get();
+  g.a_scale = sa.get();
+  g.b = b.get();
+  g.b_scale = sb.get();
+  g.tile_expert = te.get();
+  g.max_tiles = static_cast<int64_t>(p.tile_expert.size());
+  g.n = p.n;
+  g.k = p.k;
+  g.experts = p.experts;
+  g.out_precision = out;
+  g.d = d.get();
+  kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+  return d.download();
+}
+
+// Rows of skipped tiles must keep their poison; the others must match the model.
+void check_gemm(const GemmProblem& p, const std::vector<float>& d, Precision out, bool exact, CheckReport& r) {
+  const int64_t kb = p.k / 128;
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
+    const float* got = d.data() + row * p.n;
+    if (e < 0) {
+      for (int64_t col = 0; col < p.n; ++col, ++r.checked) {
+        uint32_t bits;
+        std::memcpy(&bits, got + col, 4);
+        if (bits != 0xFFFFFFFFu) r.fail("row " + std::to_string(row) + " of a skipped tile was written");
+      }
+      continue;
+    }
+    const GemmRowModel m = gemm_row_model(p.a.data() + row * p.k, p.sa.data() + row * kb,
+                                          p.b.data() + e * p.n * p.k, p.sb.data() + e * (p.n / 128) * kb, p.n, p.k, out);
+    if (!exact) {
+      check_gemm_row(m, got, out, "row " + std::to_string(row), r);
+      continue;
+    }
+    for (int64_t col = 0; col < p.n; ++col, ++r.checked) {
+      const float want = out == Precision::bf16 ? bf16_round(m.exact[col]) : static_cast<float>(m.exact[col]);
+      if (static_cast<double>(want) != m.exact[col] && out == Precision::f32)
+        r.fail("test setup: exact value not a float");
+      if (!(got[col] == want))
+        r.fail("row " + std::to_string(row) + " col " + std::to_string(col) + ": got " + std::to_string(got[col]) +
+               ", exact " + std::to_string(want));
+    }
+  }
+}
+
+// Integer codes in [-4, 4] and power-of-two scales in [2^-2, 2^2]: every block sum is an integer
+// below 2^12, exact in a tensor-core accumulator of >= 13 bits; every promoted sum a multiple of
+// 2^-4 below 3 * 2^15, exact in float32. So the GPU must reproduce the exact value bit for bit,
+// and any fragment, scale or expert indexing error shows.
+TEST(GpuGemm, ExactSmallIntegersBitExact) {
+  MOECHECK_REQUIRE_GPU();
+  GemmProblem p;
+  p.experts = 3;
+  p.n = 256;
+  p.k = 384;
+  p.tile_expert = {0, 2, 2, 1, -1, 0, -1};
+  const auto ai = uniform_floats(21, 1, static_cast<size_t>(p.rows() * p.k), -4, 5);
+  const auto bi = uniform_floats(21, 2, static_cast<size_t>(p.experts * p.n * p.k), -4, 5);
+  p.a.resize(ai.size());
+  p.b.resize(bi.size());
+  for (size_t i = 0; i < ai.size(); ++i) p.a[i] = e4m3_encode_satfinite(std::floor(ai[i]));
+  for (size_t i = 0; i < bi.size(); ++i) p.b[i] = e4m3_encode_satfinite(std::floor(bi[i]));
+  auto pow2 = [](const std::vector<float>& u) {
+    std::vector<float> s(u.size());
+    for (size_t i = 0; i < u.size(); ++i) s[i] = std::ldexp(1.0f, static_cast<int>(std::floor(u[i])));
+    return s;
+  };
+  p.sa = pow2(uniform_floats(21, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -2, 3));
+  p.sb = pow2(uniform_floats(21, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -2, 3));
+  for (auto out : {Precision::f32, Precision::bf16}) {
+    CheckReport r;
+    r.what = std::string("exact GEMM, out ") + std::string(to_string(out));
+    check_gemm(p, run_gemm(p, out), out, true, r);
+    EXPECT_TRUE(r.ok) << r;
+  }
+}
+
+// Realistic codes (N(0, 64^2) rounded to e4m3: the whole range, subnormals included) and
+// log-uniform block scales: the GPU must stay within the derived bound (gpu_test_support.cpp).
+TEST(GpuGemm, RealisticWithinDerivedBound) {
+  MOECHECK_REQUIRE_GPU();
+  GemmProblem p;
+  p.experts = 2;
+  p.n = 384;
+  p.k = 1024;
+  p.tile_expert = {1, 0, 0, -1};
+  p.a = normal_codes(31, 1, static_cast<size_t>(p.rows() * p.k), 64.0);
+  p.b = normal_codes(31, 2, static_cast<size_t>(p.experts * p.n * p.k), 64.0);
+  p.sa = log_uniform_scales(31, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -10, -2);
+  p.sb = log_uniform_scales(31, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -14, -8);
+  for (auto out : {Precision::f32, Precision::bf16}) {
+    CheckReport r;
+    r.what = std::string("GEMM within bound, out ") + std::string(to_string(out));
+    check_gemm(p, run_gemm(p, out), out, false, r);
+    EXPECT_TRUE(r.ok) << r;
+    std::cout << "  " << r << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace moecheck::gputest
