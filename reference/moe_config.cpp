@@ -81,7 +81,9 @@ std::vector<std::string> config_problems(const MoeConfig& c) {
        fmt::format("routed_scaling_factor: must be finite and > 0, got {}", c.routed_scaling_factor));
   need(c.group_size >= 1 && c.group_size <= 4096, fmt::format("group_size: must be in [1, 4096], got {}", c.group_size));
   need(c.weight_block >= 1 && c.weight_block <= 4096, fmt::format("weight_block: must be in [1, 4096], got {}", c.weight_block));
-  need(std::isfinite(c.act_eps) && c.act_eps >= 0, fmt::format("act_eps: must be finite and >= 0, got {}", c.act_eps));
+  // eps keeps every activation scale finite and > 0 (fl32(eps/448) must not underflow to 0).
+  need(std::isfinite(c.act_eps) && c.act_eps >= 448 * 0x1p-149 && c.act_eps <= 1.0,
+       fmt::format("act_eps: must be in [448 * 2^-149, 1], got {}", c.act_eps));
   need(c.local_expert_offset >= 0, fmt::format("local_expert_offset: must be >= 0, got {}", c.local_expert_offset));
   const int64_t local = c.local_experts();
   need(local >= 1, fmt::format("local_num_experts: must be >= 1, got {}", local));

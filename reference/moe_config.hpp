@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,12 @@ std::optional<RoutingMethod> parse_routing_method(std::string_view s);
 std::optional<GateUpLayout> parse_gate_up_layout(std::string_view s);
 std::optional<ScaleFormat> parse_scale_format(std::string_view s);
 std::optional<Precision> parse_precision(std::string_view s);
+
+// Printing (test failure messages, RapidCheck counterexamples).
+inline std::ostream& operator<<(std::ostream& os, RoutingMethod v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, GateUpLayout v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, ScaleFormat v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, Precision v) { return os << to_string(v); }
 
 // Accepted spellings, for error messages ("deepseek_v3 | renormalize | ...").
 std::string_view routing_method_names();
