@@ -24,6 +24,9 @@ class CudaError : public std::runtime_error {
       : std::runtime_error(call + " failed: " + cudaGetErrorString(code) + " (" + file + ":" +
                            std::to_string(line) + ")"),
         code_(code) {}
+  // A CUDA library call (cuBLASLt, kernels/cublaslt_moe.cu) failed: `message` names the call
+  // and the library's status; code() is cudaErrorUnknown unless the runtime reported one.
+  CudaError(const std::string& message, cudaError_t code) : std::runtime_error(message), code_(code) {}
   cudaError_t code() const { return code_; }
 
  private:

@@ -120,4 +120,11 @@ double output_budget_bf16(double o, double e) {
   return std::max(hi - o, o - lo);
 }
 
+double bf16_ulp(double x) {
+  if (x == 0 || !std::isfinite(x)) return 0.0;
+  int e;
+  std::frexp(std::fabs(x), &e);  // |x| in [2^(e-1), 2^e)
+  return std::ldexp(1.0, std::max(e - 1, -126) - 7);
+}
+
 }  // namespace moecheck

@@ -30,6 +30,12 @@ struct AccumulatorModel {
 
   static AccumulatorModel fp32() { return {24, false, 32}; }
   static AccumulatorModel hopper_tensor_core() { return {14, true, 32}; }
+  // FP8 converted to f16 and summed by HMMA with a float32 accumulator (what mma.sync e4m3
+  // lowers to on sm_90: F2FP unpack + HMMA.16816.F32, seen in our kernels' SASS): modelled as a
+  // 24-bit truncating aligned sum over chunks of 4 products (Fasi, Higham, Mikaitis, Pranesh,
+  // PeerJ CS 2021, measured round-toward-zero alignment in fp32-accumulating tensor cores; chunks
+  // of 4 is the conservative choice of their findings).
+  static AccumulatorModel hmma_f32() { return {24, true, 4}; }
   std::string describe() const;
 };
 
@@ -81,5 +87,8 @@ double weight_deviation(double w, double w_ref, Precision p, int64_t slack_ulps,
 // The final bf16 rounding of an output element whose device float32 value lies within e of the
 // reference's double value o: the largest distance from o of bf16(o - e) and bf16(o + e).
 double output_budget_bf16(double o, double e);
+
+// Spacing of bf16 values at |x| (0 for x = 0): 2^(floor(log2|x|) - 7), at least the subnormal step.
+double bf16_ulp(double x);
 
 }  // namespace moecheck

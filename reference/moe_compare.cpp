@@ -116,7 +116,13 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
   CompareResult R;
   R.name = obs.name, R.tokens = T, R.hidden = H, R.top_k = k, R.elements = T * H;
   std::vector<double> ro = ref.output, rb = ref.budget, ry = ref.expert_outputs, rdy = ref.slot_budget;
+  std::vector<double> rv = ref.noise_var;
+  if (rv.size() != ro.size()) {  // a stored reference without the noise model: derive it from the budget
+    rv.resize(ro.size());
+    for (size_t i = 0; i < ro.size(); ++i) rv[i] = rb[i] * rb[i];
+  }
   std::vector<int32_t> ids = ref.routing.ids;
+  std::vector<double> fs = ref.slot_flip_projection;
   std::vector<double> w = ref.routing.weights;
 
   // ---- routing ------------------------------------------------------------------------
@@ -190,8 +196,10 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
       if (!take) continue;
       std::copy_n(&alt.output[i * H], H, &ro[t * H]);
       std::copy_n(&alt.budget[i * H], H, &rb[t * H]);
+      std::copy_n(&alt.noise_var[i * H], H, &rv[t * H]);
       std::copy_n(&alt.expert_outputs[i * k * H], k * H, &ry[t * k * H]);
       std::copy_n(&alt.slot_budget[i * k * H], k * H, &rdy[t * k * H]);
+      if (fs.size() == size_t(T * k)) std::copy_n(&alt.slot_flip_projection[i * k], k, &fs[t * k]);
       std::copy_n(&alt.routing.ids[i * k], k, &ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &w[t * k]);
     }
@@ -253,7 +261,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
     }
   } else {
     std::vector<char> covered(T, 0);
-    for (;;) {  // greedy: blame the expert whose tokens fail most completely
+    for (;;) {
       int best = -1;
       double best_frac = 0;
       int64_t best_count = 0;
@@ -265,11 +273,13 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
           prev = t, ++n;
           fail += !(token_max[t] <= 1.0) && !covered[t];
         }
+        // Greedy set cover over the failing tokens, among experts most of whose tokens fail:
+        // the one that explains the most unexplained failing tokens first.
         const double frac = n ? double(fail) / double(n) : 0;
-        if (fail > 0 && (frac > best_frac || (frac == best_frac && fail > best_count)))
+        if (frac >= 0.5 && (fail > best_count || (fail == best_count && frac > best_frac)))
           best = static_cast<int>(x), best_frac = frac, best_count = fail;
       }
-      if (best < 0 || best_frac < 0.5) break;
+      if (best < 0) break;
       R.experts[best].blamed = true;
       for (int64_t s : slots_of[R.experts[best].expert])
         if (!(token_max[s / k] <= 1.0)) covered[s / k] = 1, owner[s / k] = static_cast<int32_t>(R.experts[best].expert);
@@ -277,7 +287,9 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
     for (auto& v : R.experts)
       for (int64_t s : slots_of[v.expert]) {
         const int64_t t = s / k;
-        if (owner[t] < 0 || owner[t] == v.expert) v.max_ratio = std::max(v.max_ratio, token_max[t]);
+        // Failing tokens count for the expert they were attributed to; unexplained ones are
+        // reported per token, not smeared over the token's experts.
+        if (owner[t] == v.expert || token_max[t] <= 1.0) v.max_ratio = std::max(v.max_ratio, token_max[t]);
       }
     for (int64_t t = 0; t < T; ++t)
       if (!(token_max[t] <= 1.0) && owner[t] < 0) R.failing_tokens_unexplained.push_back(t);
@@ -295,15 +307,20 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
   Eigen::MatrixXd M = Eigen::MatrixXd::Zero(A, A);
   Eigen::VectorXd b = Eigen::VectorXd::Zero(A);
   std::vector<double> en_obs(A, 0.0), en_pred(A, 0.0), n_el(A, 0.0), l2_d(A, 0.0), l2_r(A, 0.0);
+  // Re-quantization flips (§7): a flip moves a whole slot output along one column of W2, which
+  // projects onto the slot's own output: not noise of the elements, but of beta.
+  std::vector<double> sys_num(A, 0.0), sys_den(A, 0.0);
   if (have_slots) {
     for (size_t x = 0; x < A; ++x)
       for (int64_t s : slots_of[R.experts[x].expert])
         for (int64_t h = 0; h < H; ++h) {
-          const double yo = obs.expert_outputs[s * H + h], yr = ry[s * H + h], bud = slot_budget(s, h);
-          if (!std::isfinite(yo) || !(bud > 0)) continue;
-          const double var = bud * bud / 3, d = yo - yr;
+          const double yo = obs.expert_outputs[s * H + h], yr = ry[s * H + h], bud = rdy[s * H + h];
+          const double ulp = obs.expert_outputs_bf16 ? bf16_ulp(yr) : 0.0;
+          const double var = bud * bud + ulp * ulp / 12, d = yo - yr;  // as ForwardResult::noise_var
+          sys_den[x] += yr * yr;
+          if (!std::isfinite(yo) || !(var > 0)) continue;
           M(x, x) += yr * yr / var, b(x) += d * yr / var;
-          en_obs[x] += d * d, en_pred[x] += var, n_el[x] += 1, l2_d[x] += d * d, l2_r[x] += yr * yr;
+          en_obs[x] += d * d, en_pred[x] += var, n_el[x] += var * var, l2_d[x] += d * d, l2_r[x] += yr * yr;
         }
   } else {
     std::vector<std::pair<size_t, int64_t>> present;  // (expert index, slot) of one token
@@ -312,20 +329,35 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
       for (int64_t j = 0; j < k; ++j)
         if (c.is_local(ids[t * k + j])) present.push_back({index[ids[t * k + j]], t * k + j});
       for (int64_t h = 0; h < H; ++h) {
-        const double o = obs.output[t * H + h], bud = rb[t * H + h];
-        if (!std::isfinite(o) || !(bud > 0)) continue;
-        const double var = bud * bud / 3, d = o - ro[t * H + h];
+        for (auto [xa, sa] : present) {
+          const double za = w[sa] * ry[sa * H + h];
+          sys_den[xa] += za * za;
+        }
+        const double o = obs.output[t * H + h], var = rv[t * H + h];
+        if (!std::isfinite(o) || !(var > 0)) continue;
+        const double d = o - ro[t * H + h];
         for (auto [xa, sa] : present) {
           const double za = w[sa] * ry[sa * H + h];
           b(xa) += d * za / var;
           for (auto [xb, sb] : present) M(xa, xb) += za * w[sb] * ry[sb * H + h] / var;
           const bool mine = owner[t] < 0 || owner[t] == R.experts[xa].expert;
-          if (mine) en_obs[xa] += d * d, en_pred[xa] += var, n_el[xa] += 1;
+          if (mine) en_obs[xa] += d * d, en_pred[xa] += var, n_el[xa] += var * var;
           l2_d[xa] += d * d, l2_r[xa] += ro[t * H + h] * ro[t * H + h];
         }
       }
     }
   }
+  // Flip projections (§7): per slot the root sum of squares of dh_i |<W2[:, i], y>|, times w^2 for
+  // the combined output; independent signs, so they add to the variance of beta (Hoeffding).
+  if (fs.size() == size_t(T * k))
+    for (size_t x = 0; x < A; ++x)
+      for (int64_t s : slots_of[R.experts[x].expert]) {
+        const double p = (have_slots ? 1.0 : w[s] * w[s]) * fs[s];
+        sys_num[x] += p * p;
+      }
+  // The float32 scale and division slack moves every value of a group alike: a systematic
+  // relative error of up to (scale_ulps + divide_ulps) 2^-24 per quantization, two of them.
+  const double slack = 2.0 * (opt.model.scale_ulps + opt.model.divide_ulps) * 0x1p-24;
   if (A > 0) {
     // A tiny ridge keeps the joint fit solvable when two experts always share their tokens.
     Eigen::MatrixXd Mr = M;
@@ -336,11 +368,15 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
     for (size_t x = 0; x < A; ++x) {
       ExpertVerdict& v = R.experts[x];
       v.beta = M(x, x) > 0 ? beta(x) : 0.0;
-      v.beta_se = M(x, x) > 0 ? std::sqrt(std::max(cov(x, x), 0.0)) : 0.0;
-      v.beta_allow = u_w + acc_allow;
+      const double flip_var = sys_den[x] > 0 ? sys_num[x] / (sys_den[x] * sys_den[x]) : 0.0;
+      v.beta_se = M(x, x) > 0 ? std::sqrt(std::max(cov(x, x), 0.0) + flip_var) : 0.0;
+      v.beta_allow = u_w + acc_allow + slack;
       v.bias_ok = !(std::fabs(v.beta) > v.beta_allow + opt.z * v.beta_se);
       v.energy_ratio = en_pred[x] > 0 ? en_obs[x] / en_pred[x] : 0.0;
-      v.energy_limit = 1 + opt.z * std::sqrt(2.0 / std::max(n_el[x], 1.0));
+      // The energy is dominated by the largest elements: its spread follows the effective count
+      // n_eff = (sum var)^2 / sum var^2 (n_el holds sum var^2), not the element count.
+      const double n_eff = n_el[x] > 0 ? en_pred[x] * en_pred[x] / n_el[x] : 1.0;
+      v.energy_limit = 1 + opt.z * std::sqrt(2.0 / std::max(n_eff, 1.0));
       v.energy_ok = !(v.energy_ratio > v.energy_limit);
       v.rel_l2 = l2_r[x] > 0 ? std::sqrt(l2_d[x] / l2_r[x]) : 0.0;
       v.pass = !v.blamed && v.max_ratio <= 1.0 && v.bias_ok && v.energy_ok;

@@ -6,9 +6,9 @@
 // Attribution (an error confined to one expert is reported on that expert, not smeared):
 //   with expert_outputs recorded: each slot's output is judged against its slot budget, so an
 //   expert's verdict comes from its own slots;
-//   without: a token fails when any of its elements does; an expert is blamed when most of its
-//   tokens fail, greedily (the expert whose tokens fail most completely first, its failing tokens
-//   then count as explained). Failing tokens no blamed expert explains are reported per token
+//   without: a token fails when any of its elements does; among the experts most of whose tokens
+//   fail, the one explaining the most still-unexplained failing tokens is blamed first (greedy set
+//   cover), its failing tokens then count as explained. Failing tokens no blamed expert explains are reported per token
 //   (a token-local fault such as a NaN from an all-zero activation group).
 #pragma once
 

@@ -74,17 +74,21 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
   }
 }
 
-// out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel. With
-// abs_a, also abs_out = abs_a * |W|^T (the budget's sums of magnitudes) from the same panels.
+// A magnitude product computed from the same dequantized panels: out = in * |W|^T.
+struct AbsProduct {
+  const RowMat* in;
+  RowMat* out;
+};
+
+// out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel; each
+// AbsProduct (the budgets' sums of magnitudes) is computed from the same panels.
 void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
-                     RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const RowMat* abs_a = nullptr,
-                     RowMat* abs_out = nullptr, std::vector<double>* abs_panel = nullptr) {
+                     RowMat& out, std::vector<double>& panel, std::vector<double>& lut,
+                     std::initializer_list<AbsProduct> abs = {}, std::vector<double>* abs_panel = nullptr) {
   out.resize(a.rows(), N);
   panel.resize(static_cast<size_t>(kPanelRows) * K);
-  if (abs_a) {
-    abs_out->resize(a.rows(), N);
-    abs_panel->resize(panel.size());
-  }
+  for (const AbsProduct& ap : abs) ap.out->resize(ap.in->rows(), N);
+  if (abs.size()) abs_panel->resize(panel.size());
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
@@ -92,10 +96,10 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data());
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
-    if (abs_a) {
+    if (abs.size()) {
       RowMap wa(abs_panel->data(), nr, K);
       wa = w.cwiseAbs();
-      abs_out->middleCols(r0, nr).noalias() = *abs_a * wa.transpose();
+      for (const AbsProduct& ap : abs) ap.out->middleCols(r0, nr).noalias() = *ap.in * wa.transpose();
     }
     r0 += nr;
   }
@@ -107,8 +111,10 @@ double round_to(double x, Precision p) { return p == Precision::bf16 ? double(bf
 struct Scratch {
   RowMat a, x, h, y;
   RowMat da, dx, dh, dy;  // budget: magnitude inputs and their sums through |W|
+  RowMat qa, qx, qh, qy;  // ideal bound: quantization errors and their sums through |W|
   std::vector<double> panel, lut, abs_panel;
   std::vector<double> ilo, ihi, iref, idev;
+  std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
   std::vector<float> hrow;
   std::vector<uint8_t> hcodes;
   std::vector<float> hscales;
@@ -143,6 +149,11 @@ void intermediate_budget(const MoeConfig& c, const BudgetModel& m, double c2, co
                       s.idev.data() + g0);
   }
   for (int64_t i = 0; i < I; ++i) s.dh(r, i) = c2 * std::fabs(h_deq[i]) + (1 + c2) * s.idev[i];
+  // Re-quantization flips of this row (deviations beyond the float32 scale/division slack), kept
+  // for the systematic allowance of the bias test (BUDGETS.md §7).
+  s.flips[r].clear();
+  for (int64_t i = 0; i < I; ++i)
+    if (s.idev[i] > 1e-4 * std::fabs(h_deq[i]) + 1e-300) s.flips[r].push_back({i, s.idev[i]});
 }
 
 // Budget state shared by the experts: the model and the two dot-product constants.
@@ -150,10 +161,13 @@ struct BudgetCtx {
   const BudgetModel* model = nullptr;
   double c1 = 0, c2 = 0;   // dot_product_bound for GEMM1 (K = H) and GEMM2 (K = I)
   const std::vector<double>* act_dev = nullptr;  // [T, H] deviation of the device's activations
+  bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
+  double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
 };
 
 void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
-                const QuantizedHidden& qh, double* slot_out, double* slot_budget, const BudgetCtx& bc, Scratch& s) {
+                const QuantizedHidden& qh, double* slot_out, double* slot_budget, double* slot_ideal, const BudgetCtx& bc,
+                Scratch& s) {
   const bool budget = bc.model != nullptr;
   const MoeConfig& c = p.config;
   const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, G = c.group_size;
@@ -184,17 +198,39 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       for (int64_t i = 0; i < H; ++i) s.da(r, i) = bc.c1 * std::fabs(s.a(r, i)) + (1 + bc.c1) * dev[i];
     }
   }
+  if (bc.ideal) {
+    // |a - a^| <= (2^-4 + 2^-22)|a| + 2^-10 s: e4m3's half ulp (normal range, relative; subnormal
+    // range, absolute in units of the group scale) plus the float32 rounding of a / s. The actual
+    // difference is taken when larger (an engine's own FP8 activations need not obey the rule).
+    s.qa.resize(n, H);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = t0 + job.slots[r] / k;
+      const float* x = p.hidden + t * H;
+      for (int64_t i = 0; i < H; ++i) {
+        const double bound = (0x1p-4 + 0x1p-22) * std::fabs(x[i]) + 0x1p-10 * double(qh.scales[t * hg + i / G]);
+        s.qa(r, i) = std::max(bound, std::fabs(double(x[i]) - s.a(r, i)));
+      }
+    }
+  }
 
   // GEMM1: x [n, 2I] = a W13^T, rounded to intermediate_dtype in the quantized tier.
-  gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, budget ? &s.da : nullptr, &s.dx,
-                  &s.abs_panel);
+  if (budget && bc.ideal)
+    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.da, &s.dx}, {&s.qa, &s.qx}},
+                    &s.abs_panel);
+  else if (budget)
+    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.da, &s.dx}}, &s.abs_panel);
+  else if (bc.ideal)
+    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.qa, &s.qx}}, &s.abs_panel);
+  else
+    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut);
   const int64_t gate0 = c.gate_up_layout == GateUpLayout::gate_up ? 0 : I;
   const int64_t up0 = I - gate0;
   s.h.resize(n, I);
   s.hrow.resize(I);
   s.hcodes.resize(I);
   s.hscales.resize(ig);
-  if (budget) s.dh.resize(n, I);
+  if (budget) s.dh.resize(n, I), s.flips.resize(n);
+  if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
     double* hr = s.h.row(r).data();
@@ -211,14 +247,48 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     group_quantize_row(s.hrow.data(), I, G, c.scale_format, c.act_eps, s.hcodes.data(), s.hscales.data());
     for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
     if (budget) intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
+    if (bc.ideal) {
+      // The ideal h = silu(g) u with g, u within qx of this tier's unrounded GEMM1 outputs;
+      // its distance from the re-quantized h^ that GEMM2 uses here.
+      const double* xr2 = s.x.row(r).data();
+      const double* qx = s.qx.row(r).data();
+      for (int64_t i = 0; i < I; ++i) {
+        const double g = xr2[gate0 + i], u = xr2[up0 + i], dg = qx[gate0 + i], du = qx[up0 + i];
+        const Interval hi = product_interval_f32(silu_interval({g - dg, g + dg}, 0), {u - du, u + du});
+        s.qh(r, i) = std::max(hi.width_from(hr[i]), 0.0);
+      }
+    }
   }
 
   // GEMM2: y [n, H] = h W2^T, stored per (token, slot).
-  gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, budget ? &s.dh : nullptr, &s.dy,
-                  &s.abs_panel);
+  if (budget && bc.ideal)
+    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.dh, &s.dy}, {&s.qh, &s.qy}},
+                    &s.abs_panel);
+  else if (budget)
+    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.dh, &s.dy}}, &s.abs_panel);
+  else if (bc.ideal)
+    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.qh, &s.qy}}, &s.abs_panel);
+  else
+    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut);
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
-    if (budget) std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
+    if (budget) {
+      std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
+      // A flip moves y along column i of W2 by at most dh_i; its projection on y itself is at most
+      // dh_i |<W2[:, i], y>|: the part of the error that looks like a scale error of this slot.
+      // Kept as the root sum of squares over the slot's flips (their signs are independent).
+      const float* table = fp8_table(Fp8Format::e4m3fn);
+      const int64_t ib = ceil_div(I, B);
+      double sys = 0;
+      for (const auto& [i, dh] : s.flips[r]) {
+        double g = 0;
+        for (int64_t h = 0; h < H; ++h)
+          g += s.y(r, h) * double(table[w.w2[h * I + i]]) * double(w.w2_scale[(h / B) * ib + i / B]);
+        sys += (dh * g) * (dh * g);
+      }
+      bc.slot_sys[job.slots[r]] = std::sqrt(sys);
+    }
+    if (bc.ideal) std::copy_n(s.qy.row(r).data(), H, slot_ideal + job.slots[r] * H);
   }
 }
 
@@ -244,7 +314,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   const std::vector<double> exact_weights = res.routing.weights;  // before the quantized tier's rounding
   if (opt.tier == Tier::quantized) round_weights(res.routing, c.routing_weight_dtype);
   const BudgetModel* model = opt.tier == Tier::quantized ? opt.budget : nullptr;
-  const bool keep_slots = opt.expert_outputs || model;
+  const bool ideal_bound = opt.tier == Tier::quantized && opt.ideal_bound;
+  const bool keep_slots = opt.expert_outputs || model || ideal_bound;
   const Routing& rt = res.routing;
 
   // Every local expert a token routes to must be stored.
@@ -300,9 +371,17 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     }
     bc.act_dev = &act_dev;
     res.budget.assign(static_cast<size_t>(T * H), 0.0);
+    res.noise_var.assign(static_cast<size_t>(T * H), 0.0);
     res.slot_budget.assign(static_cast<size_t>(T * k * H), 0.0);
+    res.slot_flip_projection.assign(static_cast<size_t>(T * k), 0.0);
   }
 
+  bc.ideal = ideal_bound;
+  std::vector<double> slot_ideal_all;
+  if (ideal_bound) {
+    res.ideal_bound.assign(static_cast<size_t>(T * H), 0.0);
+    slot_ideal_all.assign(static_cast<size_t>(T * k * H), 0.0);
+  }
   res.output.assign(static_cast<size_t>(T * H), 0.0);
   if (keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
   const int64_t chunk = keep_slots ? std::max<int64_t>(T, 1)
@@ -335,6 +414,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
 
     double* slots;
     double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
+    double* slot_ideal = ideal_bound ? slot_ideal_all.data() + t0 * k * H : nullptr;
+    if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k;
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {
@@ -355,7 +436,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
             std::lock_guard<std::mutex> lock(load_mutex);
             w = p.load_expert(jobs[i].expert);
           }
-          run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, bc, s);
+          run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, s);
           const int64_t d = ++done;
           if (opt.progress) {
             std::lock_guard<std::mutex> lock(load_mutex);
@@ -389,6 +470,12 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
         const double wj = rt.weights[t * k + j];
         const double* y = slots + (tl * k + j) * H;
         for (int64_t i = 0; i < H; ++i) o[i] += wj * y[i];
+        if (ideal_bound) {  // |w y - w_q y_q| <= |w_q| dy + |w - w_q| (|y_q| + dy)
+          const double dw = std::fabs(exact_weights[t * k + j] - wj);
+          const double* qy = slot_ideal + (tl * k + j) * H;
+          double* ib = res.ideal_bound.data() + t * H;
+          for (int64_t i = 0; i < H; ++i) ib[i] += std::fabs(wj) * qy[i] + dw * (std::fabs(y[i]) + qy[i]);
+        }
         if (!model) continue;
         const double dw =
             weight_deviation(exact_weights[t * k + j], wj, c.routing_weight_dtype, c.num_experts + k, *model);
@@ -399,7 +486,14 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
         }
       }
       if (model)
-        for (int64_t i = 0; i < H; ++i) res.budget[t * H + i] = output_budget_bf16(o[i], e[i]);
+        for (int64_t i = 0; i < H; ++i) {
+          res.budget[t * H + i] = output_budget_bf16(o[i], e[i]);
+          // Noise model of the aggregate tests (BUDGETS.md §7): the float32 deviation may be
+          // systematic (a re-quantization flip), so up to e^2; the bf16 rounding uniform within
+          // half an ulp, ulp^2 / 12.
+          const double ulp = bf16_ulp(o[i]);
+          res.noise_var[t * H + i] = e[i] * e[i] + ulp * ulp / 12;
+        }
     }
     for (const ExpertJob& j : jobs) {
       const double n = static_cast<double>(j.slots.size());

@@ -83,6 +83,9 @@ struct ForwardOptions {
   // Quantized tier only: also compute the error budget of every output element and slot
   // (reference/BUDGETS.md) under this model. Implies expert_outputs.
   const BudgetModel* budget = nullptr;
+  // Quantized tier only: also bound |ideal tier - quantized tier| per output element (the
+  // recipe's quantization error, reference/BUDGETS.md §8). Implies expert_outputs.
+  bool ideal_bound = false;
   // Called after each expert with (experts done, experts to do); may be empty.
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -95,6 +98,15 @@ struct ForwardResult {
   // With ForwardOptions::budget: bound on |device - reference| per output element [T, H]
   // (after the device's bf16 rounding) and per slot output before weighting [T, k, H].
   std::vector<double> budget, slot_budget;
+  // Predicted mean square error of a correct device per output element, the aggregate tests'
+  // noise model (BUDGETS.md §7): e^2 + ulp_bf16^2 / 12 [T, H].
+  std::vector<double> noise_var;
+  // Per slot [T, k]: root sum of squares over the slot's flip-able intermediates i of
+  // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output
+  // (BUDGETS.md §7).
+  std::vector<double> slot_flip_projection;
+  // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].
+  std::vector<double> ideal_bound;
   int64_t experts_run = 0;              // local experts that received at least one token
   double gemm_flops = 0;                // 2*m*n*k summed over both GEMMs of every expert
 };

@@ -314,3 +314,33 @@ RC_GTEST_PROP(MoeForwardProps, TpSplitSumsToUnsplit, ()) {
 
 }  // namespace
 }  // namespace moecheck
+
+namespace moecheck {
+namespace {
+
+// The ideal and quantized tiers differ by the recipe's quantization error; BUDGETS.md §8 bounds
+// it per element. The bound must hold everywhere, and must not be vacuous: the worst element
+// reaches a sizeable fraction of it (the bound is a worst case: ~1e-2 of it is typical).
+RC_GTEST_PROP(MoeForwardProps, IdealVsQuantizedWithinAnalyticBound, ()) {
+  const MoeConfig c = gen_config();
+  SmallLayer L = make_small_layer(c, *rc::gen::inRange(1, 6), *rc::gen::arbitrary<uint32_t>(), uses_bias(c));
+  ForwardOptions oi;
+  oi.tier = Tier::ideal;
+  const auto ideal = moe_forward(L.problem(), oi).output;
+  ForwardOptions oq;
+  oq.tier = Tier::quantized;
+  oq.ideal_bound = true;
+  const ForwardResult q = moe_forward(L.problem(), oq);
+  RC_ASSERT(q.ideal_bound.size() == ideal.size());
+  double worst = 0;
+  for (size_t i = 0; i < ideal.size(); ++i) {
+    const double d = std::fabs(ideal[i] - q.output[i]);
+    RC_ASSERT(d <= q.ideal_bound[i]);
+    if (q.ideal_bound[i] > 0) worst = std::max(worst, d / q.ideal_bound[i]);
+  }
+  RC_LOG() << "worst ratio " << worst;
+  RC_ASSERT(worst > 1e-3);
+}
+
+}  // namespace
+}  // namespace moecheck

@@ -1,2 +1,61 @@
-// placeholder: being written
-int main() { return 2; }
+// moecheck: the command-line tool. Parses the command line (CLI11), runs the selected
+// subcommand and turns every failure into an exit code and a message (cli_common.hpp).
+#include <exception>
+#include <iostream>
+#include <map>
+
+#include "reference/errors.hpp"
+#include "tools/cli_common.hpp"
+
+namespace moecheck::cli {
+
+namespace {
+std::map<const CLI::App*, std::function<int()>>& runners() {
+  static std::map<const CLI::App*, std::function<int()>> r;
+  return r;
+}
+}  // namespace
+
+void set_runner(CLI::App* sub, std::function<int()> run) { runners()[sub] = std::move(run); }
+
+void print_error(const std::string& message) { std::cerr << "moecheck: error: " << message << std::endl; }
+
+}  // namespace moecheck::cli
+
+int main(int argc, char** argv) {
+  using namespace moecheck;
+  try {
+    CLI::App app{"moecheck: float64 reference and error budgets for FP8 block-scale MoE layers", "moecheck"};
+    app.set_version_flag("--version", std::string("moecheck ") + MOECHECK_VERSION);
+    app.require_subcommand(1);
+    app.footer("Exit codes: 0 ok, 1 check failed, 2 usage or input error. See tools/README.md.");
+    app.failure_message([](const CLI::App*, const CLI::Error& e) {
+      return std::string("moecheck: error: ") + e.what() + "\nRun with --help for more information.\n";
+    });
+    cli::register_inspect(app);
+    cli::register_make_case(app);
+    cli::register_reference(app);
+    cli::register_run(app);
+    cli::register_compare(app);
+    cli::register_bench(app);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      // --help and --version come here too, with exit code 0; every real parse error gives 2.
+      return app.exit(e) == 0 ? cli::kExitOk : cli::kExitInputError;
+    }
+    for (const CLI::App* sub : app.get_subcommands()) {
+      const auto it = cli::runners().find(sub);
+      if (it != cli::runners().end()) return it->second();
+    }
+    cli::print_error("no subcommand given (see moecheck --help)");
+    return cli::kExitInputError;
+  } catch (const InputError& e) {
+    cli::print_error(e.what());
+  } catch (const std::exception& e) {
+    cli::print_error(std::string("unexpected failure: ") + e.what());
+  } catch (...) {
+    cli::print_error("unexpected failure (unknown exception)");
+  }
+  return cli::kExitInputError;
+}

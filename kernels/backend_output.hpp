@@ -1,0 +1,34 @@
+// What one backend run of a case produces: the record a backend writes to /outputs/<name>.
+// Shared by the backends (emulated, cuda, cublaslt, faulty:<fault>) so the CLI and the
+// comparison against the budgets treat them alike. Plain C++ (no CUDA types).
+//
+// Contents (docs/DEVICE-ALGORITHM.md names the roundings):
+//   output_bf16     [T, H]     bf16 bits of the finalized layer output (§6)
+//   topk_ids        [T, k]     global expert ids, rank order (descending selection score,
+//                              ties by ascending id)
+//   topk_weights    [T, k]     routing weights with rsf applied, as rounded to
+//                              routing_weight_dtype (held in float; bf16 values are exact)
+//   expert_outputs  [T, k, H]  GEMM2 output of each slot in float32 (§5), 0 for slots whose
+//                              expert is not local; empty unless the run was asked for them
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moecheck {
+
+struct BackendOutput {
+  int64_t tokens = 0, hidden = 0, top_k = 0;
+  std::vector<uint16_t> output_bf16;
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+  std::vector<float> expert_outputs;
+  std::string backend;  // "emulated", "cuda", "cublaslt", "faulty:<fault>"
+  std::string device;   // in words: "cpu (float32 emulation)", "NVIDIA H200 (sm_90a)", ...
+  // Significand bits the budget should assume for the in-block accumulator: 24 for float32
+  // round-to-nearest (the emulated backend), ~13-14 truncating for Hopper FP8 tensor cores.
+  int accumulator_bits = 24;
+};
+
+}  // namespace moecheck

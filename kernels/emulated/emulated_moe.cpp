@@ -1,0 +1,316 @@
+// run_emulated: the layer of the emulated backend (emulated_moe.hpp states the numerics).
+//
+// Phases: checks -> routing (emulated_routing.cpp) -> the GEMM1 A operand (given FP8 hidden
+// states or our group quantization) -> which slots are local, which weights they use, every
+// needed expert stored -> one task per local expert with tokens (gather, GEMM1, SiLU * up,
+// re-quantization, GEMM2), threads taking tasks from a counter -> finalize in slot order.
+// Each task writes only its own slots' rows, and finalize runs after all tasks, so the result
+// is bitwise independent of the thread count and of scheduling.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kernels/emulated/emulated_internal.hpp"
+#include "reference/errors.hpp"
+#include "reference/fp8_formats.hpp"
+
+namespace moecheck {
+namespace {
+
+using emulated::block_scale_gemm;
+using emulated::decode_e4m3;
+using emulated::quantize_row;
+using emulated::QuantRule;
+
+float round_to(float x, Precision p) { return p == Precision::bf16 ? bf16_round(x) : x; }
+
+// Scales [R, C] of one expert as the GEMM reads them: row-major, or (fault) as if they were
+// stored [C, R].
+std::vector<float> weight_scales(const float* s, int64_t R, int64_t C, Fault fault) {
+  std::vector<float> out(s, s + R * C);
+  // faulty weight_scale_transposed: BUG-CLASSES #4 (block-scale layout read with the wrong order)
+  if (fault == Fault::weight_scale_transposed)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) out[r * C + c] = s[c * R + r];
+  return out;
+}
+
+struct Layer {
+  Layer(const MoeProblem& prob, const EmulatedOptions& o) : p(prob), opt(o) {}
+  const MoeProblem& p;
+  const EmulatedOptions& opt;
+  int64_t T = 0, E = 0, k = 0, H = 0, I = 0, G = 0, KBH = 0, KBI = 0;
+  QuantRule rule;
+  const uint8_t* act_codes = nullptr;  // [T, H]
+  const float* act_scales = nullptr;   // [T, KBH]
+  std::vector<float> weights; // [T, k] routing weights
+  std::vector<int64_t> row;   // [T, k] row of slot_out, -1 when the slot is not local
+  std::vector<float> slot_out;  // [local slots, H] GEMM2 outputs
+  int64_t garbage_expert = -1;
+  std::mutex load_mutex;
+
+  void run_expert(int64_t wid, const std::vector<int64_t>& slots);
+};
+
+void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
+  const Precision ip = p.config.intermediate_dtype;
+  const int64_t M = static_cast<int64_t>(slots.size());
+  ExpertView wt;
+  {
+    std::lock_guard<std::mutex> lock(load_mutex);  // the loader contract: one call at a time
+    wt = p.load_expert(wid);
+  }
+  if (!wt.w13 || !wt.w13_scale || !wt.w2 || !wt.w2_scale)
+    throw std::invalid_argument(fmt::format("emulated: load_expert({}) returned null weights", wid));
+
+  // Gather the A operand of GEMM1: the expert's tokens' codes, decoded, and their scales.
+  std::vector<float> a(M * H), sa(M * KBH);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t t = slots[m] / k;
+    decode_e4m3(act_codes + t * H, H, a.data() + m * H);
+    for (int64_t b = 0; b < KBH; ++b)
+      // faulty act_scale_transposed: BUG-CLASSES #4 ([T, H/G] scales read as if [H/G, T])
+      sa[m * KBH + b] = opt.fault == Fault::act_scale_transposed ? act_scales[b * T + t] : act_scales[t * KBH + b];
+  }
+  const std::vector<float> s13 = weight_scales(wt.w13_scale, (2 * I + G - 1) / G, KBH, opt.fault);
+  const std::vector<float> s2 = weight_scales(wt.w2_scale, (H + G - 1) / G, KBI, opt.fault);
+
+  // GEMM1, rounded to intermediate_dtype.
+  std::vector<float> x(M * 2 * I);
+  block_scale_gemm(M, 2 * I, H, G, a.data(), sa.data(), wt.w13, s13.data(), x.data());
+  for (float& v : x) v = round_to(v, ip);
+
+  // h = silu(gate) * up (float32), rounded; re-quantized per group along I.
+  bool gate_first = p.config.gate_up_layout == GateUpLayout::gate_up;
+  // faulty gate_up_swap: BUG-CLASSES #14 (w13 / w31 order not applied: silu of the up half)
+  if (opt.fault == Fault::gate_up_swap) gate_first = !gate_first;
+  const int64_t gate_off = gate_first ? 0 : I, up_off = gate_first ? I : 0;
+  std::vector<float> h(M * I), hv(M * I), hs(M * KBI);
+  std::vector<uint8_t> hc(M * I);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x.data() + m * 2 * I;
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = xm[gate_off + i], u = xm[up_off + i];
+      const float silu = g / (1.0f + std::exp(-g));
+      h[m * I + i] = round_to(silu * u, ip);
+    }
+    quantize_row(h.data() + m * I, I, G, rule, hc.data() + m * I, hs.data() + m * KBI);
+  }
+  decode_e4m3(hc.data(), M * I, hv.data());
+
+  // GEMM2 straight into the slots' rows.
+  std::vector<float> y(M * H);
+  block_scale_gemm(M, H, I, G, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
+  // faulty empty_expert_garbage: BUG-CLASSES #11/#13 (rows of a sparsely used expert never written)
+  if (wid == garbage_expert) std::fill(y.begin(), y.end(), kGarbage);
+  for (int64_t m = 0; m < M; ++m) std::copy_n(y.data() + m * H, H, slot_out.data() + row[slots[m]] * H);
+
+  if (EmulatedTrace* tr = opt.trace) {
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t s = slots[m];
+      std::copy_n(x.data() + m * 2 * I, 2 * I, tr->gemm1.data() + s * 2 * I);
+      std::copy_n(h.data() + m * I, I, tr->h.data() + s * I);
+      std::copy_n(hc.data() + m * I, I, tr->h_codes.data() + s * I);
+      std::copy_n(hs.data() + m * KBI, KBI, tr->h_scales.data() + s * KBI);
+    }
+  }
+}
+
+void check_problem(const MoeProblem& p, const EmulatedOptions& opt) {
+  const std::vector<std::string> bad = config_problems(p.config);
+  if (!bad.empty()) {
+    std::string msg = "emulated: invalid config:";
+    for (const auto& b : bad) msg += " " + b + ";";
+    throw std::invalid_argument(msg);
+  }
+  if (p.config.group_size != p.config.weight_block)
+    throw std::invalid_argument(fmt::format("emulated: group_size ({}) must equal weight_block ({})",
+                                            p.config.group_size, p.config.weight_block));
+  if (opt.int32_overflow_threshold < 1)
+    throw std::invalid_argument("emulated: int32_overflow_threshold must be >= 1");
+  if (p.tokens < 0 || !p.logits || !p.load_expert || (!p.hidden && !(p.hidden_fp8 && p.hidden_scale)))
+    throw std::invalid_argument("emulated: tokens >= 0, logits, load_expert and hidden states are required");
+}
+
+}  // namespace
+
+BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
+  check_problem(p, opt);
+  const MoeConfig& c = p.config;
+  Layer L(p, opt);
+  L.T = p.tokens, L.E = c.num_experts, L.k = c.top_k, L.H = c.hidden_size, L.I = c.intermediate_size;
+  L.G = c.group_size, L.KBH = (L.H + L.G - 1) / L.G, L.KBI = (L.I + L.G - 1) / L.G;
+  const int64_t T = L.T, k = L.k, H = L.H, I = L.I;
+  L.rule = QuantRule{c.scale_format, c.act_eps, opt.fault == Fault::zero_group_nan, opt.fault == Fault::ue8m0_mismatch};
+
+  BackendOutput out;
+  out.tokens = T, out.hidden = H, out.top_k = k;
+  out.backend = opt.fault == Fault::none ? "emulated" : "faulty:" + std::string(to_string(opt.fault));
+  out.device = "cpu (float32 emulation)";
+  out.accumulator_bits = 24;
+
+  // Routing.
+  emulated::RoutingF32 rt = emulated::route_f32(c, p.logits, p.bias, T, opt.fault);
+  out.topk_ids = rt.ids;
+  L.weights = rt.weights;
+  out.topk_weights = std::move(rt.weights);
+
+  // GEMM1 A operand: the case's FP8 hidden states, or our quantization of the hidden states.
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  if (p.hidden_fp8 && p.hidden_scale) {
+    L.act_codes = p.hidden_fp8, L.act_scales = p.hidden_scale;
+  } else {
+    codes.resize(T * H), scales.resize(T * L.KBH);
+    for (int64_t t = 0; t < T; ++t)
+      quantize_row(p.hidden + t * H, H, L.G, L.rule, codes.data() + t * H, scales.data() + t * L.KBH);
+    L.act_codes = codes.data(), L.act_scales = scales.data();
+  }
+
+  // Local slots and the weights they use.
+  const int64_t off = c.local_expert_offset, nloc = c.local_experts();
+  std::vector<int64_t> stored = p.stored_experts;
+  std::sort(stored.begin(), stored.end());
+  std::vector<std::vector<int64_t>> slots_of(nloc);  // by local index
+  L.row.assign(T * k, -1);
+  int64_t rows = 0;
+  for (int64_t s = 0; s < T * k; ++s) {
+    const int64_t e = out.topk_ids[s];
+    // faulty ep_offset_ignored: BUG-CLASSES #23 (local index taken as the global id)
+    const int64_t li = opt.fault == Fault::ep_offset_ignored ? e : e - off;
+    if (li < 0 || li >= nloc) continue;
+    if (!std::binary_search(stored.begin(), stored.end(), off + li))
+      throw InputError(p.source, "/weights/expert_ids",
+                       fmt::format("token {} routes to local expert {}, which the case does not store", s / k, off + li));
+    slots_of[li].push_back(s);
+    L.row[s] = rows++;
+  }
+  L.slot_out.assign(rows * H, 0.0f);
+  std::vector<int64_t> tasks;
+  for (int64_t li = 0; li < nloc; ++li)
+    if (!slots_of[li].empty()) tasks.push_back(li);
+  if (opt.fault == Fault::empty_expert_garbage && !tasks.empty()) {
+    int64_t best = tasks[0];
+    for (int64_t li : tasks)
+      if (slots_of[li].size() < slots_of[best].size()) best = li;
+    L.garbage_expert = off + best;
+  }
+  if (EmulatedTrace* tr = opt.trace) {
+    tr->act_codes.assign(L.act_codes, L.act_codes + T * H);
+    tr->act_scales.assign(L.act_scales, L.act_scales + T * L.KBH);
+    tr->gemm1.assign(T * k * 2 * I, 0.0f);
+    tr->h.assign(T * k * I, 0.0f);
+    tr->h_codes.assign(T * k * I, 0);
+    tr->h_scales.assign(T * k * L.KBI, 0.0f);
+  }
+
+  // Experts on threads.
+  int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::thread::hardware_concurrency());
+  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, tasks.size())));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    while (!failed) {
+      const size_t i = next++;
+      if (i >= tasks.size()) break;
+      try {
+        L.run_expert(off + tasks[i], slots_of[tasks[i]]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  if (threads == 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+    for (auto& th : pool) th.join();
+  }
+  if (error) std::rethrow_exception(error);
+
+  // Finalize: out[t] = bf16(sum_j fl32(w_j * y_j)) in slot order, float32.
+  out.output_bf16.assign(T * H, 0);
+  std::vector<float> acc(H);
+  const int64_t thr = opt.int32_overflow_threshold;
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = L.row[t * k + j];
+      if (r < 0) continue;
+      const float w = L.weights[t * k + j];
+      if (opt.fault == Fault::int32_overflow && (r + 1) * H > thr) {
+        // faulty int32_overflow: BUG-CLASSES #22 (row * H computed in int32 wraps)
+        for (int64_t i = 0; i < H; ++i) {
+          const int64_t f = r * H + i;
+          acc[i] += w * L.slot_out[f >= thr ? f % thr : f];
+        }
+      } else {
+        const float* y = L.slot_out.data() + r * H;
+        for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
+      }
+    }
+    for (int64_t i = 0; i < H; ++i) out.output_bf16[t * H + i] = bf16_encode(acc[i]);
+  }
+  if (opt.expert_outputs) {
+    out.expert_outputs.assign(T * k * H, 0.0f);
+    for (int64_t s = 0; s < T * k; ++s)
+      if (L.row[s] >= 0) std::copy_n(L.slot_out.data() + L.row[s] * H, H, out.expert_outputs.data() + s * H);
+  }
+  return out;
+}
+
+// ---- fault names ---------------------------------------------------------------------
+namespace {
+constexpr std::pair<Fault, std::string_view> kFaultNames[] = {
+    {Fault::none, "none"},
+    {Fault::gate_up_swap, "gate_up_swap"},
+    {Fault::scaling_factor_missing, "scaling_factor_missing"},
+    {Fault::scaling_factor_twice, "scaling_factor_twice"},
+    {Fault::bias_ignored, "bias_ignored"},
+    {Fault::bias_bf16, "bias_bf16"},
+    {Fault::act_scale_transposed, "act_scale_transposed"},
+    {Fault::weight_scale_transposed, "weight_scale_transposed"},
+    {Fault::zero_group_nan, "zero_group_nan"},
+    {Fault::empty_expert_garbage, "empty_expert_garbage"},
+    {Fault::ep_offset_ignored, "ep_offset_ignored"},
+    {Fault::ue8m0_mismatch, "ue8m0_mismatch"},
+    {Fault::group_mask_zero, "group_mask_zero"},
+    {Fault::int32_overflow, "int32_overflow"},
+    {Fault::no_renormalize, "no_renormalize"},
+};
+}  // namespace
+
+std::string_view to_string(Fault f) {
+  for (const auto& [v, name] : kFaultNames)
+    if (v == f) return name;
+  return "?";
+}
+
+std::optional<Fault> parse_fault(std::string_view s) {
+  for (const auto& [v, name] : kFaultNames)
+    if (name == s) return v;
+  return std::nullopt;
+}
+
+const std::vector<Fault>& all_faults() {
+  static const std::vector<Fault> v = [] {
+    std::vector<Fault> r;
+    for (const auto& [f, name] : kFaultNames)
+      if (f != Fault::none) r.push_back(f);
+    return r;
+  }();
+  return v;
+}
+
+}  // namespace moecheck

@@ -1,0 +1,4 @@
+# Area "emulated": the float32 CPU backend (kernels/emulated/): kernels vs their definitions,
+# every stage of whole runs vs float64 loops, contract properties, and the fault switches.
+moecheck_add_test(emulated_test SOURCES emulated_test.cpp LABELS emulated LIBS moecheck_emulated)
+moecheck_add_test(emulated_faults_test SOURCES emulated_faults_test.cpp LABELS emulated LIBS moecheck_emulated)

@@ -1,0 +1,22 @@
+# The HDF5 case format (golden/): round trips, every validation rule, h5py interoperability,
+# hostile files through the CLI, and `moecheck inspect`.
+#
+# The h5py tests need the Debian python3 with python3-h5py (tools/install-deps.sh); the python3
+# first on PATH may be another installation without it, so /usr/bin/python3 is preferred. When
+# h5py is missing those tests FAIL with a message saying what to install (never skip).
+find_program(MOECHECK_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(MOECHECK_PYTHON3 NAMES python3)
+
+set(golden_support golden_test_support.cpp)
+moecheck_add_test(golden_case_roundtrip_test SOURCES golden_case_roundtrip_test.cpp ${golden_support} LABELS golden)
+moecheck_add_test(golden_case_rules_test SOURCES golden_case_rules_test.cpp ${golden_support} LABELS golden)
+moecheck_add_test(golden_h5py_test SOURCES golden_h5py_test.cpp ${golden_support} LABELS golden)
+moecheck_add_test(golden_hostile_files_test SOURCES golden_hostile_files_test.cpp ${golden_support} LABELS golden)
+moecheck_add_test(golden_inspect_cli_test SOURCES golden_inspect_cli_test.cpp ${golden_support} LABELS golden
+                  LIBS nlohmann_json::nlohmann_json)
+foreach(t golden_h5py_test golden_hostile_files_test)
+  target_compile_definitions(${t} PRIVATE MOECHECK_PYTHON3="${MOECHECK_PYTHON3}")
+endforeach()
+# These run the CLI binaries as subprocesses: build them with the tests.
+add_dependencies(golden_hostile_files_test moecheck)
+add_dependencies(golden_inspect_cli_test moecheck make_sample_case)

@@ -1,0 +1,35 @@
+// Shared pieces of the moecheck command-line tool: exit codes, subcommand registration.
+//
+// Each subcommand lives in tools/cmd_<name>.cpp and exposes `void register_<name>(CLI::App&)`,
+// which adds the subcommand with its options and hands its runner to set_runner(); main()
+// parses, runs the selected subcommand's runner and maps exceptions to exit codes:
+//   0 ok, 1 check failed, 2 usage or input error (InputError, CLI11 parse errors, anything else
+//   unexpected: always a message on stderr prefixed "moecheck: error: ", never an abort).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace moecheck::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitInputError = 2;
+
+// Registers the function that runs `sub` once the command line is parsed; returns an exit code.
+void set_runner(CLI::App* sub, std::function<int()> run);
+
+// "moecheck: error: <message>" on stderr.
+void print_error(const std::string& message);
+
+// Subcommands (one tools/cmd_<name>.cpp each).
+void register_inspect(CLI::App& app);
+void register_make_case(CLI::App& app);
+void register_reference(CLI::App& app);
+void register_run(CLI::App& app);
+void register_compare(CLI::App& app);
+void register_bench(CLI::App& app);
+
+}  // namespace moecheck::cli

@@ -1,0 +1,143 @@
+// `moecheck compare CASE [--output NAME | --all] [--tier quantized|ideal] [--json FILE] [--html FILE]`:
+// judges recorded outputs against the float64 reference and its error budgets
+// (reference/BUDGETS.md). Exit 0 when every judged output is within budget, 1 when one is not,
+// 2 for bad input.
+//
+// Each output is judged with the budget model of the backend that made it (its budget_model
+// attribute, else by its backend attribute: tools/reference_store.hpp), or the one given with
+// --budget-model. The quantized-tier reference of a model is computed once per model, or taken
+// from /reference/quantized when its input hash and budget model match the case.
+#include <chrono>
+#include <fmt/format.h>
+#include <iostream>
+#include <map>
+
+#include "golden/case_problem.hpp"
+#include "reference/moe_compare.hpp"
+#include "tools/cli_common.hpp"
+#include "tools/reference_store.hpp"
+#include "tools/report.hpp"
+
+namespace moecheck::cli {
+
+namespace {
+Observation to_observation(const std::string& name, OutputData&& d) {
+  Observation o;
+  o.name = name;
+  o.output = std::move(d.output);
+  o.topk_ids = std::move(d.topk_ids);
+  o.expert_outputs = std::move(d.expert_outputs);
+  o.expert_outputs_bf16 = d.expert_outputs_dtype == Precision::bf16;
+  return o;
+}
+
+// Tier "ideal" (BUDGETS.md §8): the ideal output as the reference, its budget the quantized
+// budget plus the bound on |ideal - quantized|. Slot outputs are not judged in this tier.
+ForwardResult as_ideal(ForwardResult q, const std::vector<double>& ideal_output) {
+  for (size_t i = 0; i < q.output.size(); ++i) {
+    q.budget[i] += q.ideal_bound[i];
+    q.noise_var[i] += q.ideal_bound[i] * q.ideal_bound[i] / 3;
+  }
+  q.output = ideal_output;
+  return q;
+}
+}  // namespace
+
+void register_compare(CLI::App& app) {
+  auto* sub = app.add_subcommand("compare", "judge recorded outputs against the float64 reference and its budgets");
+  struct Opts {
+    std::string path, output, tier = "quantized", json, html, model;
+    bool all = false, quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  sub->add_option("CASE", o->path, "case file")->required();
+  auto* one = sub->add_option("--output", o->output, "judge only /outputs/NAME");
+  sub->add_flag("--all", o->all, "judge every recorded output (the default)")->excludes(one);
+  sub->add_option("--tier", o->tier, "quantized (the gate) | ideal (orientation)")
+      ->check(CLI::IsMember({"quantized", "ideal"}));
+  sub->add_option("--budget-model", o->model, "judge every output with this model: " + budget_model_names())
+      ->check(budget_model_validator());
+  sub->add_option("--json", o->json, "also write the report as JSON (tools/REPORT-SCHEMA.md)");
+  sub->add_option("--html", o->html, "also write a self-contained HTML page");
+  sub->add_flag("-q,--quiet", o->quiet, "no progress output");
+  set_runner(sub, [o]() {
+    const CaseProblem cp(o->path);
+    const CaseReader& r = cp.reader();
+    std::vector<OutputInfo> outputs = r.outputs();
+    if (!o->output.empty()) {
+      std::erase_if(outputs, [&](const OutputInfo& x) { return x.name != o->output; });
+      if (outputs.empty()) throw InputError(r.path(), "/outputs/" + o->output, "no such output in the case");
+    }
+    if (outputs.empty())
+      throw InputError(r.path(), "/outputs", "the case holds no recorded output (record one with moecheck run)");
+
+    // One reference per budget model.
+    std::map<std::string, std::vector<size_t>> by_model;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      std::string m = o->model;
+      if (m.empty()) {
+        const auto& a = outputs[i].attributes;
+        const auto bm = a.find("budget_model");
+        const auto be = a.find("backend");
+        m = bm != a.end() ? bm->second : default_budget_model(be != a.end() ? be->second : "");
+      }
+      parse_budget_model(m);  // a stored name we do not know is an input error
+      by_model[m].push_back(i);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string hash = cp.input_hash();
+    std::vector<CompareResult> results(outputs.size());
+    std::vector<std::vector<float>> observed(outputs.size());
+    std::string models;
+    double ref_seconds = 0;
+    for (const auto& [model_name, idx] : by_model) {
+      const auto tr = std::chrono::steady_clock::now();
+      bool reused = false;
+      ForwardResult ref;
+      if (o->tier == "ideal") {
+        const BudgetModel m = parse_budget_model(model_name);
+        ForwardOptions fq;
+        fq.tier = Tier::quantized, fq.budget = &m, fq.ideal_bound = true;
+        ForwardOptions fi;
+        fi.tier = Tier::ideal;
+        ref = as_ideal(moe_forward(cp.problem(), fq), moe_forward(cp.problem(), fi).output);
+      } else {
+        ref = quantized_reference(cp, hash, model_name, !o->quiet, &reused);
+      }
+      ref_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tr).count();
+      if (!o->quiet)
+        std::cerr << fmt::format("moecheck: reference ({}, budget model {}) {}\n", o->tier, model_name,
+                                 reused ? "reused from /reference/quantized" : "computed");
+      CompareOptions copt;
+      copt.model = parse_budget_model(model_name);
+      models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
+      for (size_t i : idx) {
+        Observation obs = to_observation(outputs[i].name, r.read_output(outputs[i].name));
+        if (o->tier == "ideal") obs.expert_outputs.clear();
+        if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
+          throw InputError(r.path(), "/outputs/" + outputs[i].name + "/output", "shape does not match [T, H]");
+        results[i] = compare_output(cp.problem(), ref, obs, copt);
+        observed[i] = std::move(obs.output);
+      }
+    }
+    report::ReportContext ctx;
+    ctx.case_path = o->path;
+    ctx.config = report::config_summary(cp.config(), cp.tokens());
+    ctx.tier = o->tier;
+    ctx.budget_model = models;
+    ctx.reference_seconds = ref_seconds;
+    for (const auto& v : observed) ctx.data.push_back({std::span<const float>(v)});
+    report::TextOptions topt;
+    topt.color = report::color_wanted(1);
+    report::write_text(std::cout, ctx, results, topt);
+    if (!o->json.empty()) report::write_json_file(o->json, ctx, results);
+    if (!o->html.empty()) report::write_html_file(o->html, ctx, results);
+    if (!o->quiet)
+      std::cerr << fmt::format("moecheck: compare took {:.2f} s (reference {:.2f} s)\n",
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                               ref_seconds);
+    return report::totals(results).pass() ? kExitOk : kExitCheckFailed;
+  });
+}
+
+}  // namespace moecheck::cli

@@ -1,0 +1,107 @@
+// Pieces shared by the three compare reports (report.hpp): the run's one-line descriptions, the
+// check totals and closing line, number formatting, and the atomic file write.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "reference/errors.hpp"
+#include "tools/report.hpp"
+
+namespace moecheck::report {
+
+std::string config_summary(const MoeConfig& c, int64_t tokens) {
+  std::string s = fmt::format("E={} k={} H={} I={}", c.num_experts, c.top_k, c.hidden_size, c.intermediate_size);
+  if (tokens >= 0) s += fmt::format(" T={}", tokens);
+  s += fmt::format(" routing={}", to_string(c.routing));
+  if (c.n_group > 1) s += fmt::format(" groups={}/{}", c.topk_group, c.n_group);
+  if (c.routed_scaling_factor != 1.0) s += fmt::format(" scaling={}", c.routed_scaling_factor);
+  s += fmt::format(" scales={} intermediate={} weights={}", to_string(c.scale_format), to_string(c.intermediate_dtype),
+                   to_string(c.routing_weight_dtype));
+  if (c.local_experts() != c.num_experts)
+    s += fmt::format(" local={}..{}", c.local_expert_offset, c.local_expert_offset + c.local_experts() - 1);
+  return s;
+}
+
+std::string describe_budget_model(const BudgetModel& m) {
+  return fmt::format("accumulator {}; float32 slack (ulps of 2^-24): scale {}, divide {}, silu {}, routing {}",
+                     m.acc.describe(), m.scale_ulps, m.divide_ulps, m.silu_ulps, m.routing_ulps);
+}
+
+Totals totals(const std::vector<CompareResult>& results) {
+  Totals t;
+  for (const CompareResult& r : results) {
+    ++t.outputs;
+    t.outputs_failed += !r.pass;
+    t.checks += r.checks;
+    t.checks_failed += r.checks_failed;
+  }
+  return t;
+}
+
+std::string closing_line(const Totals& t) {
+  return fmt::format("{} of {} checks exceeded their budget", t.checks_failed, t.checks);
+}
+
+bool color_wanted(int fd) {
+  const char* no_color = std::getenv("NO_COLOR");
+  if (no_color != nullptr && no_color[0] != '\0') return false;
+  return isatty(fd) == 1;
+}
+
+std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (x == 0) return "0";
+  const double a = std::fabs(x);
+  if (a >= 1e-3 && a < 1e4) return fmt::format("{:.3g}", x);
+  return fmt::format("{:.2e}", x);
+}
+
+std::string elide(const std::string& s, size_t width) {
+  if (s.size() <= width) return s;
+  if (width < 5) return s.substr(0, width);
+  const size_t keep = width - 3, head = keep / 2, tail = keep - head;
+  return s.substr(0, head) + "..." + s.substr(s.size() - tail);
+}
+
+bool token_worst(const CompareResult& r, int64_t token, double* max_ratio, int64_t* col) {
+  if (r.ratio.size() != size_t(r.tokens * r.hidden) || token < 0 || token >= r.tokens) return false;
+  double m = -1;
+  int64_t at = -1;
+  for (int64_t h = 0; h < r.hidden; ++h) {
+    const float v = r.ratio[token * r.hidden + h];
+    const double x = std::isnan(v) ? INFINITY : double(v);
+    if (x > m) m = x, at = h;
+  }
+  *max_ratio = m < 0 ? 0.0 : m;
+  *col = at;
+  return true;
+}
+
+void write_file_atomically(const std::string& path, const std::string& content, const std::string& option) {
+  namespace fs = std::filesystem;
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  auto fail = [&](const std::string& why) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw InputError(path, option, "cannot write the report: " + why);
+  };
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail(std::string("cannot create ") + tmp + " (" + std::strerror(errno) + ")");
+    f.write(content.data(), static_cast<std::streamsize>(content.size()));
+    f.flush();
+    if (!f) fail(std::string("write to ") + tmp + " failed (" + std::strerror(errno) + ")");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("rename " + tmp + " -> " + path + " failed (" + ec.message() + ")");
+}
+
+}  // namespace moecheck::report
