@@ -20,3 +20,6 @@ endforeach()
 # These run the CLI binaries as subprocesses: build them with the tests.
 add_dependencies(golden_hostile_files_test moecheck)
 add_dependencies(golden_inspect_cli_test moecheck make_sample_case)
+
+# The committed golden corpus: its GPU recordings judged against the reference on every run.
+moecheck_add_test(golden_corpus_test SOURCES golden_corpus_test.cpp ${golden_support} LABELS golden)
