@@ -44,9 +44,16 @@ int main(int argc, char** argv) {
       // --help and --version come here too, with exit code 0; every real parse error gives 2.
       return app.exit(e) == 0 ? cli::kExitOk : cli::kExitInputError;
     }
-    for (const CLI::App* sub : app.get_subcommands()) {
-      const auto it = cli::runners().find(sub);
-      if (it != cli::runners().end()) return it->second();
+    // The deepest selected subcommand with a runner (`moecheck bench reference` nests).
+    for (const CLI::App* sub = &app; sub;) {
+      const auto subs = sub->get_subcommands();
+      const CLI::App* next = subs.empty() ? nullptr : subs.front();
+      if (next) {
+        const auto deeper = next->get_subcommands();
+        const auto it = cli::runners().find(next);
+        if (deeper.empty() && it != cli::runners().end()) return it->second();
+      }
+      sub = next;
     }
     cli::print_error("no subcommand given (see moecheck --help)");
     return cli::kExitInputError;
