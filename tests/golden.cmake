@@ -23,3 +23,5 @@ add_dependencies(golden_inspect_cli_test moecheck make_sample_case)
 
 # The committed golden corpus: its GPU recordings judged against the reference on every run.
 moecheck_add_test(golden_corpus_test SOURCES golden_corpus_test.cpp ${golden_support} LABELS golden)
+# The pipeline commands through the binary (reference, run, compare, bench).
+moecheck_add_test(cli_commands_test SOURCES cli_commands_test.cpp ${golden_support} LABELS cli)
