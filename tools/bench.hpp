@@ -14,6 +14,7 @@ struct BenchShape {
 };
 
 // Float64 reference on a synthetic in-memory layer of this shape (bench_reference.cpp).
-int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads);
+// with_compare: also time what `moecheck compare` adds (budgeted forward + judging one output).
+int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads, bool with_compare);
 
 }  // namespace moecheck::cli
