@@ -69,7 +69,7 @@ SubProblem subproblem(const MoeProblem& p, const std::vector<int64_t>& tokens) {
 FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vector<float>& obs) {
   FamiliarMetrics m;
   double sxx = 0, syy = 0, sxy = 0, sdd = 0, sad = 0, sar = 0, rmax = 0;
-  int64_t close = 0, n = 0;
+  int64_t close = 0;
   for (double r : ref) rmax = std::max(rmax, std::fabs(r));
   for (size_t i = 0; i < ref.size(); ++i) {
     const double x = ref[i], y = obs[i];
@@ -78,7 +78,6 @@ FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vect
       continue;
     }
     const double d = y - x;
-    ++n;
     sxx += x * x, syy += y * y, sxy += x * y, sdd += d * d, sad += std::fabs(d), sar += std::fabs(x);
     m.max_abs = std::max(m.max_abs, std::fabs(d));
     if (std::fabs(x) >= 1e-3 * rmax && x != 0) m.max_rel = std::max(m.max_rel, std::fabs(d) / std::fabs(x));
@@ -97,7 +96,6 @@ FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vect
   m.sglang_pass = finite && m.mean_rel < 0.02;
   m.vllm_pass = finite && close == static_cast<int64_t>(ref.size());
   m.nmse_pass = finite && m.nmse < 5e-3;
-  (void)n;
   return m;
 }
 

@@ -389,6 +389,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   std::mutex load_mutex;
   std::vector<double> chunk_slots;
+  std::vector<char> ran(static_cast<size_t>(c.num_experts), 0);  // experts run in any chunk
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t nt = std::min(chunk, T - t0);
@@ -499,8 +500,9 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
       const double n = static_cast<double>(j.slots.size());
       res.gemm_flops += 2.0 * n * double(H) * double(3 * c.intermediate_size);
     }
-    res.experts_run += static_cast<int64_t>(jobs.size());
+    for (const ExpertJob& j : jobs) ran[j.expert] = 1;
   }
+  res.experts_run = std::count(ran.begin(), ran.end(), 1);
   return res;
 }
 

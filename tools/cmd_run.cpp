@@ -90,11 +90,11 @@ void register_run(CLI::App& app) {
                   "faulty:int32_overflow only: the flat index at which the emulated int32 wraps");
   sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case");
   set_runner(sub, [o]() {
+    const std::string name = o->name.empty() ? o->backend : o->name;
+    if (!is_valid_output_name(name))  // before any work is done
+      throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     const CaseProblem cp(o->path);
     const BackendOutput r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
-    const std::string name = o->name.empty() ? o->backend : o->name;
-    if (!is_valid_output_name(name))
-      throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     add_output_to_case(o->path, name, to_output_data(r), o->out);
     std::cerr << fmt::format("moecheck: /outputs/{} recorded in {} (backend {}, device {})\n", name,
                              o->out.empty() ? o->path : o->out, r.backend, r.device);
