@@ -299,14 +299,20 @@ int64_t CaseReader::Impl::read_expert_ids(const H5::DataSet& ds) {
   return int64_t(n);
 }
 
-void CaseReader::Impl::check_outputs() {
-  if (!root_groups.count("outputs")) return;
-  attempt("/outputs", [&] {
-    const H5::Group g = h5::guard(path, "/outputs", [&] { return file->openGroup("outputs"); });
-    for (const h5::Member& m : h5::members(g, path, "/outputs")) {
-      const std::string p = "/outputs/" + m.name;
-      if (!is_valid_output_name(m.name)) {
-        problem(p, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -");
+// /outputs/<name> and /reference/<tier>: every member of the root group `root` must be a group
+// with an accepted name; each is recorded in `found` and checked against its specs.
+void CaseReader::Impl::check_named_groups(const std::string& root, bool (*name_ok)(std::string_view),
+                                          const std::string& name_rule, std::vector<std::string>& found,
+                                          const std::vector<std::string>& attrs, bool attrs_required,
+                                          const std::vector<layout::Spec>& specs) {
+  if (!root_groups.count(root)) return;
+  const std::string rp = "/" + root;
+  attempt(rp, [&] {
+    const H5::Group g = h5::guard(path, rp, [&] { return file->openGroup(root); });
+    for (const h5::Member& m : h5::members(g, path, rp)) {
+      const std::string p = rp + "/" + m.name;
+      if (!name_ok(m.name)) {
+        problem(p, name_rule);
         continue;
       }
       if (m.kind != h5::LinkKind::group) {
@@ -315,40 +321,25 @@ void CaseReader::Impl::check_outputs() {
                        : link_rule(m.kind));
         continue;
       }
-      outputs.push_back(m.name);
+      found.push_back(m.name);
       attempt(p, [&] {
-        const H5::Group og = g.openGroup(m.name);
-        check_string_attrs(og, p, {"backend", "device", "created"}, false);
-        check_group(og, p, layout::output_specs(config, config_ok, tokens));
+        const H5::Group sg = g.openGroup(m.name);
+        check_string_attrs(sg, p, attrs, attrs_required);
+        check_group(sg, p, specs);
       });
     }
   });
 }
 
+void CaseReader::Impl::check_outputs() {
+  check_named_groups("outputs", is_valid_output_name, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -",
+                     outputs, {"backend", "device", "created"}, false,
+                     layout::output_specs(config, config_ok, tokens));
+}
+
 void CaseReader::Impl::check_references() {
-  if (!root_groups.count("reference")) return;
-  attempt("/reference", [&] {
-    const H5::Group g = h5::guard(path, "/reference", [&] { return file->openGroup("reference"); });
-    for (const h5::Member& m : h5::members(g, path, "/reference")) {
-      const std::string p = "/reference/" + m.name;
-      if (!is_reference_tier(m.name)) {
-        problem(p, "unknown reference tier (ideal | quantized)");
-        continue;
-      }
-      if (m.kind != h5::LinkKind::group) {
-        problem(p, m.kind == h5::LinkKind::dataset || m.kind == h5::LinkKind::other_object
-                       ? "must be a group, got a " + h5::to_string(m.kind)
-                       : link_rule(m.kind));
-        continue;
-      }
-      tiers.push_back(m.name);
-      attempt(p, [&] {
-        const H5::Group rg = g.openGroup(m.name);
-        check_string_attrs(rg, p, {"tool_version", "input_hash"}, true);
-        check_group(rg, p, layout::reference_specs(config, config_ok, tokens));
-      });
-    }
-  });
+  check_named_groups("reference", is_reference_tier, "unknown reference tier (ideal | quantized)", tiers,
+                     {"tool_version", "input_hash"}, true, layout::reference_specs(config, config_ok, tokens));
 }
 
 bool is_reference_tier(std::string_view tier) { return tier == "ideal" || tier == "quantized"; }

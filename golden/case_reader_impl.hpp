@@ -60,6 +60,9 @@ struct CaseReader::Impl {
   void check_weights();
   void check_outputs();
   void check_references();
+  void check_named_groups(const std::string& root, bool (*name_ok)(std::string_view), const std::string& name_rule,
+                          std::vector<std::string>& found, const std::vector<std::string>& attrs, bool attrs_required,
+                          const std::vector<layout::Spec>& specs);
   // Checks members of `group_path` against specs: unknown names, links, presence, then each
   // dataset. Returns the names present.
   // Datasets in `checked` were checked already (expert_ids).
