@@ -258,6 +258,7 @@ size_t CublasLtMoeWorkspace::stage_bytes() const { return impl_->stages.bytes();
 void* CublasLtMoeWorkspace::extra_data() const { return impl_->extra_base; }
 size_t CublasLtMoeWorkspace::extra_bytes() const { return impl_->extra_bytes; }
 const std::vector<CublasLtGemmChoice>& CublasLtMoeWorkspace::last_algorithms() const { return impl_->last; }
+void CublasLtMoeWorkspace::set_stage_hook(StageHook hook) { impl_->stages.set_stage_hook(std::move(hook)); }
 
 // ---- The per-expert GEMMs -----------------------------------------------------------------------
 namespace {
@@ -408,7 +409,9 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
   const bool w_is_a = im.order == CublasLtOperandOrder::weights_as_a;
 
   // Routing, quantization (bf16 entry), permutation and gather: the cuda backend's stages
+  const MoeWorkspace& ms = im.stages;  // its stage hook (fp8_block_scale_moe.hpp) marks our stages too
   launch_moe_routing(c, in.routing_logits, in.routing_bias, T, b.topk_ids, b.topk_weights, stream);
+  ms.mark("routing", stream);
   const uint8_t* codes = in.hidden_states;
   const float* scales = in.hidden_states_scale;
   if (bf16_entry) {
@@ -416,10 +419,13 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
                            ScaleLayout::transposed, b.hidden_codes, b.hidden_scales, stream);
     codes = b.hidden_codes;
     scales = b.hidden_scales;
+    ms.mark("act_quant", stream);
   }
   const PermuteCapacity cap = permute_capacity(T, k, E);
   launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E, cap, b.plan, stream);
+  ms.mark("permute", stream);
   launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, cap, b.plan, b.a1_codes, b.a1_scales, stream);
+  ms.mark("gather", stream);
 
   // Weight scales into BLK128x128's K-major layout with the column stride padded to 4
   repack_blk_scales(in.gemm1_weights_scale, E * (2 * I / kScaleBlock), H / kScaleBlock, im.x.w13_blk, stream);
@@ -435,6 +441,7 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
       throw std::logic_error("cublaslt_fp8_block_scale_moe: permutation row offsets are not ascending multiples of 64");
   if (total < 0 || total > cap.max_rows || im.host_offsets[0] != 0)
     throw std::logic_error("cublaslt_fp8_block_scale_moe: permutation row total outside [0, capacity]");
+  ms.mark("scale_repack", stream);  // includes the host synchronisation's round trip
 
   // GEMM1: [rows, H] x [2I, H]^T -> [rows, 2I], float32, then rounded to intermediate_dtype
   if (total > 0) {
@@ -450,10 +457,12 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
       MOECHECK_CUDA_CHECK_LAUNCH("finish_rows_kernel (GEMM1)");
     }
   }
+  ms.mark("gemm1", stream);
 
   // SiLU * up, re-quantized per 128 along I (reads the row total on the device)
   launch_silu_mul_quant(b.gemm1_out, cap.max_rows, b.plan.totals, I, c.gate_up_layout, c.intermediate_dtype,
                         c.scale_format, c.act_eps, b.a2_codes, b.a2_scales, stream);
+  ms.mark("silu_quant", stream);
 
   // GEMM2: [rows, I] x [H, I]^T -> [rows, H], float32
   if (total > 0) {
@@ -468,10 +477,12 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
       MOECHECK_CUDA_CHECK_LAUNCH("finish_rows_kernel (GEMM2)");
     }
   }
+  ms.mark("gemm2", stream);
 
   // Finalize
   launch_moe_finalize(b.gemm2_out, b.plan.slot_to_row, b.topk_weights, T, k, H, out.output, out.expert_outputs,
                       stream);
+  ms.mark("finalize", stream);
   if (out.topk_ids != nullptr)
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(out.topk_ids, b.topk_ids, sizeof(int32_t) * T * k, cudaMemcpyDeviceToDevice,
                                         stream));

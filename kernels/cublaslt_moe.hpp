@@ -96,6 +96,9 @@ class CublasLtMoeWorkspace {
   size_t extra_bytes() const;
   // cuBLASLt's choices in the last run, one entry per distinct (gemm, m).
   const std::vector<CublasLtGemmChoice>& last_algorithms() const;
+  // The stage hook of later runs (fp8_block_scale_moe.hpp's StageHook; stages as there plus
+  // "scale_repack", marked after the host synchronisation).
+  void set_stage_hook(StageHook hook);
   // "cuBLASLt <version> (cudart <version>)" of the library loaded at run time.
   static std::string library_version();
 

@@ -125,6 +125,7 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
 
   // Routing
   launch_moe_routing(c, in.routing_logits, in.routing_bias, T, b.topk_ids, b.topk_weights, stream);
+  ws.mark("routing", stream);
 
   // Activation quantization (bf16 entry), into FlashInfer's layout [H/128, T]
   const uint8_t* codes = in.hidden_states;
@@ -134,12 +135,15 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
                            ScaleLayout::transposed, b.hidden_codes, b.hidden_scales, stream);
     codes = b.hidden_codes;
     scales = b.hidden_scales;
+    ws.mark("act_quant", stream);
   }
 
   // Permutation and gather
   const PermuteCapacity cap = permute_capacity(T, k, E_local);  // <= b.cap: grids sized for this T
   launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E_local, cap, b.plan, stream);
+  ws.mark("permute", stream);
   launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, cap, b.plan, b.a1_codes, b.a1_scales, stream);
+  ws.mark("gather", stream);
 
   // GEMM1: [rows, H] x [2I, H]^T -> [rows, 2I], rounded to intermediate_dtype
   GroupedGemmArgs g1;
@@ -155,10 +159,12 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   g1.out_precision = c.intermediate_dtype;
   g1.d = b.gemm1_out;
   launch_sm90_fp8_grouped_gemm(g1, stream);
+  ws.mark("gemm1", stream);
 
   // SiLU * up, re-quantized per 128 along I
   launch_silu_mul_quant(b.gemm1_out, cap.max_rows, b.plan.totals, I, c.gate_up_layout, c.intermediate_dtype,
                         c.scale_format, c.act_eps, b.a2_codes, b.a2_scales, stream);
+  ws.mark("silu_quant", stream);
 
   // GEMM2: [rows, I] x [H, I]^T -> [rows, H], float32
   GroupedGemmArgs g2 = g1;
@@ -171,10 +177,12 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   g2.out_precision = Precision::f32;
   g2.d = b.gemm2_out;
   launch_sm90_fp8_grouped_gemm(g2, stream);
+  ws.mark("gemm2", stream);
 
   // Finalize
   launch_moe_finalize(b.gemm2_out, b.plan.slot_to_row, b.topk_weights, T, k, H, out.output, out.expert_outputs,
                       stream);
+  ws.mark("finalize", stream);
   if (out.topk_ids != nullptr)
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(out.topk_ids, b.topk_ids, sizeof(int32_t) * T * k, cudaMemcpyDeviceToDevice,
                                         stream));
@@ -215,7 +223,8 @@ MoeWorkspace::~MoeWorkspace() { release(); }
 
 MoeWorkspace::MoeWorkspace(MoeWorkspace&& o) noexcept
     : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), buf_(std::exchange(o.buf_, {})),
-      top_k_(o.top_k_), local_experts_(o.local_experts_), hidden_(o.hidden_), inter_(o.inter_) {}
+      top_k_(o.top_k_), local_experts_(o.local_experts_), hidden_(o.hidden_), inter_(o.inter_),
+      hook_(std::move(o.hook_)) {}
 
 MoeWorkspace& MoeWorkspace::operator=(MoeWorkspace&& o) noexcept {
   if (this != &o) {
@@ -227,6 +236,7 @@ MoeWorkspace& MoeWorkspace::operator=(MoeWorkspace&& o) noexcept {
     local_experts_ = o.local_experts_;
     hidden_ = o.hidden_;
     inter_ = o.inter_;
+    hook_ = std::move(o.hook_);
   }
   return *this;
 }

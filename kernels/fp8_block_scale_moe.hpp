@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "kernels/moe_stages.hpp"
 #include "reference/moe_config.hpp"
@@ -73,6 +74,13 @@ struct MoeBuffers {
   float* gemm2_out = nullptr;        // [max_rows, H]      float32 slot outputs
 };
 
+// Called by a run after it has enqueued each stage on the stream, with the stage's name
+// ("routing", "act_quant", "permute", "gather", "gemm1", "silu_quant", "gemm2", "finalize"; the
+// cublaslt backend adds "scale_repack" before GEMM1, whose mark comes after its one host
+// synchronisation). `moecheck bench` records a CUDA event there to time each stage; a hook must
+// only enqueue work on `stream` (or nothing), never synchronise it.
+using StageHook = std::function<void(const char* stage, cudaStream_t stream)>;
+
 // Scratch memory of the MoE for up to max_tokens tokens of one shape (k, E_local, H, I). Owns
 // one cudaMalloc allocation; move-only. Reusable across runs of that shape (one stream at a time).
 class MoeWorkspace {
@@ -91,6 +99,11 @@ class MoeWorkspace {
   const MoeBuffers& buffers() const { return buf_; }
   // True when a run of `tokens` tokens with config c fits this workspace.
   bool fits(const MoeConfig& c, int64_t tokens) const;
+  // The stage hook of later runs (empty: none, the default).
+  void set_stage_hook(StageHook hook) { hook_ = std::move(hook); }
+  void mark(const char* stage, cudaStream_t stream) const {
+    if (hook_) hook_(stage, stream);
+  }
 
  private:
   void release() noexcept;
@@ -98,6 +111,7 @@ class MoeWorkspace {
   size_t bytes_ = 0;
   MoeBuffers buf_{};
   int64_t top_k_ = 0, local_experts_ = 0, hidden_ = 0, inter_ = 0;
+  StageHook hook_;
 };
 
 // The MoE on FP8 hidden states + transposed scales (FlashInfer's input contract).

@@ -1,7 +1,9 @@
 // Benchmarks of the moecheck CLI (`moecheck bench ...`): commands that print figures, not tests.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "reference/moe_config.hpp"
 
@@ -16,5 +18,16 @@ struct BenchShape {
 // Float64 reference on a synthetic in-memory layer of this shape (bench_reference.cpp).
 // with_compare: also time what `moecheck compare` adds (budgeted forward + judging one output).
 int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads, bool with_compare);
+
+// `moecheck bench --backend cuda|cublaslt`: the GPU backends' timing (bench_gpu.cpp).
+struct GpuBenchRequest {
+  std::string backend, preset = "deepseek-v3", output;
+  std::vector<int64_t> tokens{1, 8, 64, 512, 4096};
+  int64_t tp = 1;
+  uint64_t seed = 1;
+  int min_iters = 20, input_sets = 4;
+  double min_seconds = 0.5;
+};
+int bench_gpu(const GpuBenchRequest& q);
 
 }  // namespace moecheck::cli

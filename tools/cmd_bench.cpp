@@ -1,6 +1,7 @@
-// `moecheck bench reference [--preset NAME] [--tokens N] [--seed S] [--threads N]`: figures of the
-// float64 reference on a synthetic layer of a real model's shape (tools/bench_reference.cpp).
-// The GPU backends' benchmark (`moecheck bench --backend cuda|cublaslt ...`) is part 4/6.
+// `moecheck bench --backend cuda|cublaslt [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
+// the GPU backends' timing (tools/bench_gpu.cpp); `moecheck bench reference [--preset NAME]
+// [--tokens N] [--seed S] [--threads N] [--compare]`: figures of the float64 reference on a
+// synthetic layer of a real model's shape (tools/bench_reference.cpp).
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
 #include "tools/bench.hpp"
@@ -11,7 +12,24 @@ namespace moecheck::cli {
 void register_bench(CLI::App& app) {
   auto* sub = app.add_subcommand("bench", "benchmarks that print figures (not tests)");
   auto* ref = sub->add_subcommand("reference", "float64 reference: wall time, GFLOP/s vs this machine's GEMM rate, peak RSS");
-  sub->require_subcommand(1);
+  sub->require_subcommand(0, 1);
+  auto g = std::make_shared<GpuBenchRequest>();
+  sub->add_option("--backend", g->backend, "GPU backend to time: cuda | cublaslt")
+      ->check(CLI::IsMember({"cuda", "cublaslt"}));
+  sub->add_option("--preset", g->preset, "model preset (moecheck make-case --list-presets)");
+  sub->add_option("--tokens", g->tokens, "batch sizes, comma-separated")->delimiter(',');
+  sub->add_option("--tp", g->tp, "tensor-parallel degree: rank 0's slice of I")->check(CLI::Range(int64_t(1), int64_t(64)));
+  sub->add_option("--seed", g->seed, "seed of the synthetic layer");
+  sub->add_option("--min-iters", g->min_iters, "timed runs per batch size, at least")->check(CLI::Range(1, 100000));
+  sub->add_option("--min-seconds", g->min_seconds, "timed seconds per batch size, at least")->check(CLI::Range(0.0, 600.0));
+  sub->add_option("--input-sets", g->input_sets, "distinct input sets rotated")->check(CLI::Range(1, 64));
+  sub->add_option("-o,--output", g->output,
+                  "where the figures are kept as JSON (default moecheck-bench-<backend>-<preset>[-tpN].json)");
+  set_runner(sub, [g]() {
+    if (g->backend.empty())
+      throw InputError("", "--backend", "give --backend cuda|cublaslt, or a subcommand (moecheck bench reference)");
+    return bench_gpu(*g);
+  });
   struct Opts {
     std::string preset = "deepseek-v3";
     int64_t tokens = 512;
