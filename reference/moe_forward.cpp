@@ -51,55 +51,74 @@ constexpr int64_t kSlotBufferBytes = int64_t(512) << 20;
 constexpr int64_t kPanelRows = 32;
 
 // Dequantize rows [r0, r0 + nr) of an [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] scales
-// into out [nr, K]. All rows must lie in one block row. Exact: decode(q) has 4 significant bits
-// and the scale 24, so decode(q) * scale is exact in double; the table holds those products.
+// into out [nr, K] (and their magnitudes into abs_out when given: the same codes, one pass). All
+// rows must lie in one block row. Exact: decode(q) has 4 significant bits and the scale 24, so
+// decode(q) * scale is exact in double; the table holds those products (256 values, then their
+// magnitudes, per block column).
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
-                   std::vector<double>& lut, double* out) {
+                   std::vector<double>& lut, double* out, double* abs_out = nullptr) {
   const int64_t kb = ceil_div(K, B);
   const float* table = fp8_table(Fp8Format::e4m3fn);
-  lut.resize(static_cast<size_t>(kb) * 256);
+  lut.resize(static_cast<size_t>(kb) * 512);
   const float* srow = scales + (r0 / B) * kb;
   for (int64_t c = 0; c < kb; ++c) {
     const double s = srow[c];
-    for (int i = 0; i < 256; ++i) lut[c * 256 + i] = double(table[i]) * s;
+    for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s;
+    if (abs_out)
+      for (int i = 0; i < 256; ++i) lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
   }
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* q = codes + (r0 + r) * K;
     double* o = out + r * K;
+    double* oa = abs_out ? abs_out + r * K : nullptr;
     for (int64_t c = 0; c < kb; ++c) {
-      const double* l = lut.data() + c * 256;
+      const double* l = lut.data() + c * 512;
       const int64_t k1 = std::min(K, (c + 1) * B);
-      for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]];
+      if (oa) {
+        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]], oa[k] = l[256 + q[k]];
+      } else {
+        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]];
+      }
     }
   }
 }
 
-// A magnitude product computed from the same dequantized panels: out = in * |W|^T.
+// Products computed from the same dequantized panels as the main one (the budgets' extras):
+// abs: out = in * |W|^T, the sums of magnitudes; back: back = out * W [n, K], the main product's
+// output multiplied back through W (the flip projections <W2[:, i], y> of BUDGETS.md §7 for
+// every i at once, contiguous, instead of a strided walk down W2's columns per flip).
 struct AbsProduct {
   const RowMat* in;
   RowMat* out;
 };
+struct PanelExtras {
+  AbsProduct abs[2];
+  int n_abs = 0;
+  RowMat* back = nullptr;
+  void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
+};
 
-// out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel; each
-// AbsProduct (the budgets' sums of magnitudes) is computed from the same panels.
+// out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
+// from the same codes through a table of magnitudes, when extras ask for it).
 void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
-                     RowMat& out, std::vector<double>& panel, std::vector<double>& lut,
-                     std::initializer_list<AbsProduct> abs = {}, std::vector<double>* abs_panel = nullptr) {
+                     RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const PanelExtras& ex = {},
+                     std::vector<double>* abs_panel = nullptr) {
   out.resize(a.rows(), N);
   panel.resize(static_cast<size_t>(kPanelRows) * K);
-  for (const AbsProduct& ap : abs) ap.out->resize(ap.in->rows(), N);
-  if (abs.size()) abs_panel->resize(panel.size());
+  for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->resize(ex.abs[i].in->rows(), N);
+  if (ex.n_abs) abs_panel->resize(panel.size());
+  if (ex.back) ex.back->setZero(a.rows(), K);
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
     const int64_t nr = std::min(kPanelRows, block_end - r0);
-    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data());
+    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data(), ex.n_abs ? abs_panel->data() : nullptr);
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
-    if (abs.size()) {
-      RowMap wa(abs_panel->data(), nr, K);
-      wa = w.cwiseAbs();
-      for (const AbsProduct& ap : abs) ap.out->middleCols(r0, nr).noalias() = *ap.in * wa.transpose();
+    if (ex.back) ex.back->noalias() += out.middleCols(r0, nr) * w;
+    if (ex.n_abs) {
+      ConstRowMap wa(abs_panel->data(), nr, K);
+      for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
     }
     r0 += nr;
   }
@@ -112,6 +131,7 @@ struct Scratch {
   RowMat a, x, h, y;
   RowMat da, dx, dh, dy;  // budget: magnitude inputs and their sums through |W|
   RowMat qa, qx, qh, qy;  // ideal bound: quantization errors and their sums through |W|
+  RowMat yw;              // budget: y W2 [n, I], the flip projections
   std::vector<double> panel, lut, abs_panel;
   std::vector<double> ilo, ihi, iref, idev;
   std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
@@ -214,15 +234,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   }
 
   // GEMM1: x [n, 2I] = a W13^T, rounded to intermediate_dtype in the quantized tier.
-  if (budget && bc.ideal)
-    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.da, &s.dx}, {&s.qa, &s.qx}},
-                    &s.abs_panel);
-  else if (budget)
-    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.da, &s.dx}}, &s.abs_panel);
-  else if (bc.ideal)
-    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, {{&s.qa, &s.qx}}, &s.abs_panel);
-  else
-    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut);
+  {
+    PanelExtras ex;
+    if (budget) ex.add_abs(&s.da, &s.dx);
+    if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
+    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
+  }
   const int64_t gate0 = c.gate_up_layout == GateUpLayout::gate_up ? 0 : I;
   const int64_t up0 = I - gate0;
   s.h.resize(n, I);
@@ -261,29 +278,23 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   }
 
   // GEMM2: y [n, H] = h W2^T, stored per (token, slot).
-  if (budget && bc.ideal)
-    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.dh, &s.dy}, {&s.qh, &s.qy}},
-                    &s.abs_panel);
-  else if (budget)
-    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.dh, &s.dy}}, &s.abs_panel);
-  else if (bc.ideal)
-    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, {{&s.qh, &s.qy}}, &s.abs_panel);
-  else
-    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut);
+  {
+    PanelExtras ex;
+    if (budget) ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw;
+    if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
+    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
+  }
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
     if (budget) {
       std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
       // A flip moves y along column i of W2 by at most dh_i; its projection on y itself is at most
-      // dh_i |<W2[:, i], y>|: the part of the error that looks like a scale error of this slot.
-      // Kept as the root sum of squares over the slot's flips (their signs are independent).
-      const float* table = fp8_table(Fp8Format::e4m3fn);
-      const int64_t ib = ceil_div(I, B);
+      // dh_i |<W2[:, i], y>| = dh_i |(y W2)_i|: the part of the error that looks like a scale error
+      // of this slot. Kept as the root sum of squares over the slot's flips (their signs are
+      // independent).
       double sys = 0;
       for (const auto& [i, dh] : s.flips[r]) {
-        double g = 0;
-        for (int64_t h = 0; h < H; ++h)
-          g += s.y(r, h) * double(table[w.w2[h * I + i]]) * double(w.w2_scale[(h / B) * ib + i / B]);
+        const double g = s.yw(r, i);
         sys += (dh * g) * (dh * g);
       }
       bc.slot_sys[job.slots[r]] = std::sqrt(sys);
