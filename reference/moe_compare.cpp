@@ -218,6 +218,22 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
       if (r > R.max_ratio || (R.worst_token < 0 && r >= R.max_ratio)) R.max_ratio = r, R.worst_token = t, R.worst_col = h;
     }
   const bool have_slots = !obs.expert_outputs.empty();
+  // Slot order: a backend may record its slots in any order (sorted by expert id, say); row j of
+  // its expert_outputs belongs to its topk_ids[t, j]. Where its expert set is the one judged
+  // (the reference's, or its own after a near-tie re-run), its slots are put into that order.
+  std::vector<float> slots_in_order;
+  const std::vector<float>& oslots = [&]() -> const std::vector<float>& {
+    if (!have_slots || obs.topk_ids.empty()) return obs.expert_outputs;
+    slots_in_order = obs.expert_outputs;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t* bid = &obs.topk_ids[t * k];
+        const int64_t jb = std::find(bid, bid + k, ids[t * k + j]) - bid;
+        if (jb < k && jb != j)
+          std::copy_n(&obs.expert_outputs[(t * k + jb) * H], H, &slots_in_order[(t * k + j) * H]);
+      }
+    return slots_in_order;
+  }();
   std::vector<double> slot_max(size_t(T * k), 0.0);
   auto slot_budget = [&](int64_t s, int64_t h) {
     const double b = rdy[s * H + h];
@@ -227,7 +243,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
     for (int64_t s = 0; s < T * k; ++s) {
       if (!c.is_local(ids[s])) continue;
       for (int64_t h = 0; h < H; ++h)
-        slot_max[s] = std::max(slot_max[s], ratio_of(obs.expert_outputs[s * H + h], ry[s * H + h], slot_budget(s, h)));
+        slot_max[s] = std::max(slot_max[s], ratio_of(oslots[s * H + h], ry[s * H + h], slot_budget(s, h)));
     }
 
   // ---- attribution --------------------------------------------------------------------
@@ -312,7 +328,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
     for (size_t x = 0; x < A; ++x)
       for (int64_t s : slots_of[R.experts[x].expert])
         for (int64_t h = 0; h < H; ++h) {
-          const double yo = obs.expert_outputs[s * H + h], yr = ry[s * H + h], bud = rdy[s * H + h];
+          const double yo = oslots[s * H + h], yr = ry[s * H + h], bud = rdy[s * H + h];
           const double ulp = obs.expert_outputs_bf16 ? bf16_ulp(yr) : 0.0;
           const double var = bud * bud + ulp * ulp / 12, d = yo - yr;  // as ForwardResult::noise_var
           sys_den[x] += yr * yr;

@@ -3,6 +3,7 @@
 // right expert (or token) named. The backends' own runs are judged in tests/backend_compare_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -74,6 +75,37 @@ TEST(Compare, ExactAnswerPasses) {
   EXPECT_LE(r.max_ratio, 1.0);
   EXPECT_GT(r.checks, 3);
   EXPECT_EQ(r.mismatched_tokens, 0);
+}
+
+// Slot outputs recorded in another order than the reference's rank order (here sorted by expert
+// id, as some engines store them) are matched by their recorded topk_ids; slot outputs whose ids
+// do not say so (the same rows under the reference's ids) must fail.
+TEST(Compare, SlotOutputsFollowTheRecordedTopkOrder) {
+  Fixture f;
+  const int64_t T = f.L.tokens, k = f.L.config.top_k, H = f.L.config.hidden_size;
+  Observation o = f.exact();
+  o.expert_outputs.resize(size_t(T * k * H));
+  std::vector<int32_t> sorted_ids(size_t(T * k));
+  int64_t moved = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int64_t> order(k);
+    for (int64_t j = 0; j < k; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return f.ref.routing.ids[t * k + a] < f.ref.routing.ids[t * k + b]; });
+    for (int64_t j = 0; j < k; ++j) {
+      sorted_ids[t * k + j] = f.ref.routing.ids[t * k + order[j]];
+      moved += order[j] != j;
+      for (int64_t h = 0; h < H; ++h)
+        o.expert_outputs[(t * k + j) * H + h] = static_cast<float>(f.ref.expert_outputs[(t * k + order[j]) * H + h]);
+    }
+  }
+  ASSERT_GT(moved, 0) << "the fixture's rank order is already sorted by id: nothing is tested";
+  o.topk_ids = sorted_ids;
+  const CompareResult r = f.judge(o);
+  EXPECT_TRUE(r.pass) << r.checks_failed << " of " << r.checks << " checks failed";
+  EXPECT_EQ(r.mismatched_tokens, 0);
+  o.topk_ids = f.ref.routing.ids;  // the same rows, claimed to be in rank order
+  EXPECT_FALSE(f.judge(o).pass);
 }
 
 // A 2% scale error on one expert: cosine-style checks pass it, the bias test names the expert.
