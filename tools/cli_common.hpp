@@ -31,5 +31,6 @@ void register_reference(CLI::App& app);
 void register_run(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_dump(CLI::App& app);
 
 }  // namespace moecheck::cli

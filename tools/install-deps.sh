@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   python3 python3-numpy python3-h5py
   chromium
+  clang libclang-rt-14-dev  # the libFuzzer run of the safetensors parser (tests/checkpoint_fuzz.sh)
 )
 export DEBIAN_FRONTEND=noninteractive
 missing=()

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
     cli::register_run(app);
     cli::register_compare(app);
     cli::register_bench(app);
+    cli::register_dump(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
