@@ -31,6 +31,10 @@ void register_reference(CLI::App& app);
 void register_run(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_gate(CLI::App& app);
+void register_shrink(CLI::App& app);
+void register_repro(CLI::App& app);
+void register_faults(CLI::App& app);
 void register_dump(CLI::App& app);
 
 }  // namespace moecheck::cli

@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
     cli::register_run(app);
     cli::register_compare(app);
     cli::register_bench(app);
+    cli::register_gate(app);
+    cli::register_shrink(app);
+    cli::register_repro(app);
+    cli::register_faults(app);
     cli::register_dump(app);
     try {
       app.parse(argc, argv);

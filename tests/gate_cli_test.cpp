@@ -1,0 +1,220 @@
+// `moecheck gate`, `shrink`, `repro` and `faults` through the binary: the gate passes the
+// correct backend and writes JUnit XML a CI system can read; it fails a faulty backend, shrinks
+// the failing case into a self-contained file whose replay still fails (and passes with the
+// correct backend); `gate --case i` replays one sweep case; shrink reduces a case and keeps the
+// failure, also when judging a recorded output; repro prints the bug-report fields; bad input
+// exits 2. Cases are tiny and few (the suite shares CI's two cores).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "golden/case_file.hpp"
+#include "tests/golden_test_support.hpp"
+
+namespace moecheck {
+namespace {
+
+using test::run_process;
+
+test::RunResult moecheck(std::vector<std::string> args) {
+  args.insert(args.begin(), test::binary("moecheck"));
+  return run_process(args);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+  return n;
+}
+
+// The JUnit structure CI reporters read: declaration, one <testsuites>, suites with counts that
+// match their <testcase> elements, every element closed.
+void expect_valid_junit(const std::string& xml, int suites, int cases, int failures) {
+  EXPECT_EQ(xml.rfind("<?xml version=\"1.0\"", 0), 0u) << xml.substr(0, 80);
+  EXPECT_EQ(count(xml, "<testsuites "), 1);
+  EXPECT_EQ(count(xml, "</testsuites>"), 1);
+  EXPECT_EQ(count(xml, "<testsuite "), suites);
+  EXPECT_EQ(count(xml, "</testsuite>"), suites);
+  EXPECT_EQ(count(xml, "<testcase "), cases);
+  EXPECT_EQ(count(xml, "<failure "), failures);
+  const std::regex totals("<testsuites name=\"[^\"]*\" tests=\"(\\d+)\" failures=\"(\\d+)\"");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(xml, m, totals)) << xml.substr(0, 200);
+  EXPECT_EQ(std::stoi(m[1]), cases);
+  EXPECT_EQ(std::stoi(m[2]), failures);
+  // No raw '<' or '&' inside attribute values or text (escaped), i.e. every '<' starts a tag.
+  for (size_t i = xml.find('<'); i != std::string::npos; i = xml.find('<', i + 1))
+    EXPECT_TRUE(std::isalpha(static_cast<unsigned char>(xml[i + 1])) || xml[i + 1] == '/' || xml[i + 1] == '?')
+        << "unescaped '<' at " << i << ": " << xml.substr(i, 40);
+}
+
+TEST(Gate, CorrectBackendPassesAndWritesJunit) {
+  test::TempDir dir("gate-pass");
+  const std::string junit = dir.file("gate.xml");
+  const auto r = moecheck({"gate", "--backend", "emulated", "--cases", "6", "--seed", "1", "--junit", junit});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("sweep: 6 cases run, 6 passed, 0 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("golden:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gate: PASS"), std::string::npos) << r.out;
+  const std::string xml = slurp(junit);
+  // Golden testcases: one per recorded output of golden/cases/*.h5.
+  int golden = 0;
+  for (const auto& e : std::filesystem::directory_iterator(test::source_path("golden/cases")))
+    if (e.path().extension() == ".h5") golden += int(CaseReader(e.path().string()).outputs().size());
+  ASSERT_GE(golden, 3);
+  expect_valid_junit(xml, 2, 6 + golden, 0);
+  EXPECT_NE(xml.find("classname=\"moecheck.gate.golden\""), std::string::npos);
+}
+
+TEST(Gate, FaultyBackendFailsShrinksAndReplays) {
+  test::TempDir dir("gate-fault");
+  const std::string work = dir.file("work"), junit = dir.file("gate.xml");
+  const std::string fault = "faulty:scaling_factor_twice";
+  const auto r = moecheck({"gate", "--backend", fault, "--cases", "4", "--seed", "1", "--no-golden", "--work-dir", work,
+                           "--junit", junit, "-q"});
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("gate: FAIL"), std::string::npos) << r.out;
+  // The first failure is shrunk; its replay command and make-case command are printed.
+  const std::regex shrunk("shrunk: +(\\S+-min\\.h5) \\(T (\\d+) -> (\\d+)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, shrunk)) << r.out;
+  const std::string min = m[1];
+  EXPECT_LE(std::stoi(m[3]), std::stoi(m[2]));
+  EXPECT_NE(r.out.find("make-case: moecheck make-case --preset"), std::string::npos) << r.out;
+  const std::regex replay("replay: +(moecheck gate --backend \\S+ --seed 1 --case (\\d+))");
+  ASSERT_TRUE(std::regex_search(r.out, m, replay)) << r.out;
+  const std::string index = m[2];
+  // The shrunk case is self-contained: its recorded output fails compare, re-running the fault
+  // fails, and the correct backend passes on it.
+  EXPECT_TRUE(CaseReader(min).validate().empty());
+  EXPECT_EQ(moecheck({"compare", min, "--output", fault, "-q"}).exit_code, 1);
+  ASSERT_EQ(moecheck({"run", min, "--backend", fault, "--expert-outputs", "-o", dir.file("re.h5")}).exit_code, 0);
+  EXPECT_EQ(moecheck({"compare", dir.file("re.h5"), "--output", fault, "-q"}).exit_code, 1);
+  ASSERT_EQ(moecheck({"run", min, "--backend", "emulated", "--expert-outputs", "-o", dir.file("ok.h5")}).exit_code, 0);
+  EXPECT_EQ(moecheck({"compare", dir.file("ok.h5"), "--output", "emulated", "-q"}).exit_code, 0);
+  const CaseReader rd(min);
+  EXPECT_NE(rd.description().value_or("").find("replay: moecheck run"), std::string::npos);
+  EXPECT_NE(rd.source().value_or("").find("moecheck make-case"), std::string::npos);
+  // `gate --case i` replays that sweep case alone, and fails again.
+  const auto one = moecheck({"gate", "--backend", fault, "--seed", "1", "--case", index, "--shrink", "0", "-q"});
+  EXPECT_EQ(one.exit_code, 1) << one.out;
+  EXPECT_NE(one.out.find("sweep: 1 cases run"), std::string::npos) << one.out;
+  // JUnit: a <failure> carrying the replay command.
+  const std::string xml = slurp(junit);
+  EXPECT_GE(count(xml, "<failure "), 1);
+  EXPECT_NE(xml.find("replay: moecheck gate --backend " + fault), std::string::npos);
+}
+
+TEST(Shrink, ReducesACaseThatStillFails) {
+  test::TempDir dir("shrink");
+  const std::string c = dir.file("c.h5"), min = dir.file("min.h5");
+  ASSERT_EQ(moecheck({"make-case", "--preset", "tiny-deepseek", "--tokens", "12", "--seed", "4", "-q", "-o", c}).exit_code, 0);
+  auto r = moecheck({"shrink", c, "--backend", "faulty:gate_up_swap", "-o", min, "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const CaseReader small(min), big(c);
+  EXPECT_LT(small.tokens(), big.tokens());
+  EXPECT_LE(small.stored_experts(), big.stored_experts());
+  EXPECT_LE(small.config().hidden_size, big.config().hidden_size);
+  EXPECT_TRUE(small.validate().empty());
+  EXPECT_EQ(moecheck({"compare", min, "--output", "faulty:gate_up_swap", "-q"}).exit_code, 1);
+  EXPECT_NE(r.out.find("control: emulated passes"), std::string::npos) << r.out;
+
+  // A recorded output: only tokens (and unrouted experts) go; the sliced recording still fails.
+  ASSERT_EQ(moecheck({"run", c, "--backend", "faulty:empty_expert_garbage", "--name", "engine"}).exit_code, 0);
+  const std::string min2 = dir.file("min2.h5");
+  r = moecheck({"shrink", c, "--output", "engine", "-o", min2, "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const CaseReader s2(min2);
+  EXPECT_LT(s2.tokens(), big.tokens());
+  EXPECT_EQ(s2.config().hidden_size, big.config().hidden_size);
+  EXPECT_EQ(moecheck({"compare", min2, "--output", "engine", "-q"}).exit_code, 1);
+
+  // A case that does not fail: nothing to shrink, exit 1, nothing written.
+  r = moecheck({"shrink", c, "--backend", "emulated", "-o", dir.file("none.h5"), "-q"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("none.h5")));
+}
+
+TEST(Repro, PrintsTheBugReportFields) {
+  const std::string bug = test::source_path("golden/bugs/zero_group_nan.h5");
+  const auto r = moecheck({"repro", bug});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  for (const char* field : {"### moecheck repro", "- moecheck ", "- config: E=", "gate_up_layout=", "act_eps=",
+                            "local experts [", "- shapes: T=", "- source: ", "- output: backend=faulty:zero_group_nan",
+                            "device=", "created=", "tool_version=", "- verdict: **FAIL**", "| expert |",
+                            "DeepGEMM cos diff", "replay:", "moecheck run "})
+    EXPECT_NE(r.out.find(field), std::string::npos) << "missing '" << field << "' in\n" << r.out;
+  EXPECT_LE(count(r.out, "\n"), 60) << "a bug report must stay small enough to paste";
+  // The same case run on the correct backend passes.
+  EXPECT_EQ(moecheck({"repro", bug, "--backend", "emulated"}).exit_code, 0);
+}
+
+TEST(Faults, TablePrintsEveryFault) {
+  const auto r = moecheck({"faults", "--cases", "2", "-q"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("| emulated (correct) |"), std::string::npos) << r.out;
+  EXPECT_EQ(count(r.out, "| `faulty:"), 14) << r.out;
+  EXPECT_EQ(count(r.out, "not caught"), 0) << r.out;
+}
+
+// The gate catches every fault on a sweep case where it shows (the source cases of
+// golden/bugs/, tools/make-bug-corpus.sh), and passes the correct backend on the same case.
+struct FaultSweepCase {
+  const char* fault;
+  const char* index;
+  const char* presets;  // "" = the default presets
+};
+class GateCatches : public ::testing::TestWithParam<FaultSweepCase> {};
+
+TEST_P(GateCatches, FaultOnItsSweepCase) {
+  const FaultSweepCase& p = GetParam();
+  std::vector<std::string> base = {"gate", "--seed", "1", "--case", p.index, "--shrink", "0", "-q"};
+  if (*p.presets) base.insert(base.end(), {"--presets", p.presets});
+  auto args = base;
+  args.insert(args.end(), {"--backend", std::string("faulty:") + p.fault});
+  auto r = moecheck(args);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.out.find("emulated fails on this case too"), std::string::npos) << r.out;
+  args = base;
+  args.insert(args.end(), {"--backend", "emulated"});
+  r = moecheck(args);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllFaults, GateCatches,
+    ::testing::Values(FaultSweepCase{"gate_up_swap", "0", ""}, FaultSweepCase{"scaling_factor_missing", "1", ""},
+                      FaultSweepCase{"scaling_factor_twice", "1", ""}, FaultSweepCase{"bias_ignored", "1", ""},
+                      FaultSweepCase{"bias_bf16", "258", ""}, FaultSweepCase{"act_scale_transposed", "0", ""},
+                      FaultSweepCase{"weight_scale_transposed", "1", ""}, FaultSweepCase{"zero_group_nan", "1", ""},
+                      FaultSweepCase{"empty_expert_garbage", "0", ""}, FaultSweepCase{"ep_offset_ignored", "0", ""},
+                      FaultSweepCase{"ue8m0_mismatch", "0", ""}, FaultSweepCase{"group_mask_zero", "1278", "tiny-deepseek"},
+                      FaultSweepCase{"int32_overflow", "1", ""}, FaultSweepCase{"no_renormalize", "0", ""}),
+    [](const auto& info) { return std::string(info.param.fault); });
+
+TEST(Gate, BadInputExitsTwo) {
+  auto r = moecheck({"gate", "--backend", "bogus", "--cases", "1", "--no-golden"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = moecheck({"gate", "--backend", "faulty:nope", "--cases", "1", "--no-golden"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = moecheck({"gate", "--presets", "no-such-preset", "--cases", "1", "--no-golden"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--presets"), std::string::npos) << r.err;
+  r = moecheck({"gate", "--golden", "/no/such/dir", "--cases", "1"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = moecheck({"gate", "--cases", "1", "--time", "1"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace moecheck

@@ -1,0 +1,85 @@
+// Backends by name, in-process (backend_run.hpp).
+#include "tools/backend_run.hpp"
+
+#include <ctime>
+#include <fmt/format.h>
+
+#include "kernels/emulated/emulated_moe.hpp"
+#include "reference/fp8_formats.hpp"
+#include "tools/reference_store.hpp"
+#ifdef MOECHECK_HAVE_CUDA
+#include "kernels/gpu_backend.hpp"
+#endif
+
+namespace moecheck::cli {
+
+namespace {
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+}  // namespace
+
+BackendOutput run_backend(const CaseProblem& cp, const std::string& backend, bool expert_outputs,
+                          int64_t int32_threshold) {
+  if (backend == "emulated" || backend.rfind("faulty:", 0) == 0) {
+    EmulatedOptions eo;
+    eo.expert_outputs = expert_outputs;
+    if (int32_threshold > 0) eo.int32_overflow_threshold = int32_threshold;
+    if (backend != "emulated") {
+      const auto f = parse_fault(backend.substr(7));
+      if (!f || *f == Fault::none) {
+        std::string names;
+        for (Fault x : all_faults()) names += (names.empty() ? "" : ", ") + std::string(to_string(x));
+        throw InputError("", "--backend", fmt::format("unknown fault '{}'; faults: {}", backend.substr(7), names));
+      }
+      eo.fault = *f;
+    }
+    BackendOutput r = run_emulated(cp.problem(), eo);
+    r.backend = backend;
+    return r;
+  }
+  if (backend == "cuda" || backend == "cublaslt") {
+#ifdef MOECHECK_HAVE_CUDA
+    return kernels::run_gpu_backend(cp.problem(), cp.reader().hidden_dtype() == Precision::bf16,
+                                    backend == "cuda" ? kernels::GpuBackend::cuda : kernels::GpuBackend::cublaslt,
+                                    expert_outputs);
+#else
+    throw InputError("", "--backend", "this moecheck was built without CUDA (nvcc not found at build time)");
+#endif
+  }
+  throw InputError("", "--backend", "must be emulated, faulty:<fault>, cuda or cublaslt, got '" + backend + "'");
+}
+
+OutputData to_output_data(const BackendOutput& r) {
+  OutputData d;
+  d.attributes["backend"] = r.backend;
+  d.attributes["device"] = r.device;
+  d.attributes["created"] = utc_now();
+  d.attributes["tool_version"] = MOECHECK_VERSION;
+  d.attributes["budget_model"] = default_budget_model(r.backend);
+  d.output_dtype = Precision::bf16;
+  d.output.resize(r.output_bf16.size());
+  for (size_t i = 0; i < r.output_bf16.size(); ++i) d.output[i] = bf16_decode(r.output_bf16[i]);
+  d.topk_ids = r.topk_ids;
+  d.topk_weights = r.topk_weights;
+  d.expert_outputs = r.expert_outputs;
+  return d;
+}
+
+GpuAvailability gpu_availability() {
+  GpuAvailability a;
+#ifdef MOECHECK_HAVE_CUDA
+  const kernels::GpuInfo g = kernels::probe_gpu();
+  a.usable = g.usable;
+  a.device = g.device;
+  a.why = g.why;
+#else
+  a.why = "this moecheck was built without CUDA (nvcc not found at build time)";
+#endif
+  return a;
+}
+
+}  // namespace moecheck::cli

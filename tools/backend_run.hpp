@@ -1,0 +1,36 @@
+// Running one backend on a case in-process (what `moecheck run` records, and what gate, shrink
+// and repro judge without writing the output first): the backend by name, and its output in the
+// case format's /outputs/<name> record.
+//
+// Backends: emulated, faulty:<fault> (kernels/emulated/emulated_moe.hpp), cuda and cublaslt
+// (kernels/gpu_backend.hpp; only in a CUDA build, else an InputError naming --backend).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "golden/case_file.hpp"
+#include "golden/case_problem.hpp"
+#include "kernels/backend_output.hpp"
+
+namespace moecheck::cli {
+
+// Runs `backend` on the case. int32_threshold > 0: faulty:int32_overflow's wrap index (the
+// emulation's default is 2^31, which tiny cases never reach). InputError for an unknown backend
+// or fault, and for a GPU backend in a build without CUDA.
+BackendOutput run_backend(const CaseProblem& cp, const std::string& backend, bool expert_outputs,
+                          int64_t int32_threshold = 0);
+
+// The /outputs/<name> record of a run: bf16 output, ids, weights, expert outputs, and the
+// attributes backend, device, created (UTC), tool_version and budget_model.
+OutputData to_output_data(const BackendOutput& r);
+
+// Whether the GPU backends can run here, and why not (a CPU-only build says so).
+struct GpuAvailability {
+  bool usable = false;
+  std::string device;  // when usable
+  std::string why;     // when not
+};
+GpuAvailability gpu_availability();
+
+}  // namespace moecheck::cli

@@ -1,0 +1,73 @@
+// "Run backend B on a case and judge it", in-process: the step that gate, shrink, repro and
+// faults share with the `run` + `compare` pipeline, without writing the output into the case.
+//
+// The judgement is compare's: the quantized-tier float64 reference with the budget of the
+// backend's model (default_budget_model(backend): fp32 for emulated / faulty:*, hmma-f32 for
+// cuda, hopper for cublaslt and engines' dumps; reference/BUDGETS.md), every output element,
+// routing, per-expert bias and energy tests (reference/moe_compare.hpp). Nothing here loosens a
+// budget: a case passes exactly when `moecheck run CASE --backend B --expert-outputs && moecheck
+// compare CASE --output B` would exit 0.
+//
+// Outcomes: pass; fail (a check exceeded its budget, or the backend threw on a case the
+// reference accepted: a crash of the thing checked); input_error (the case is unreadable or
+// invalid, the reference refuses it, or the backend cannot run here at all, e.g. cuda without a
+// GPU): exit codes 0 / 1 / 2.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "golden/case_problem.hpp"
+#include "kernels/backend_output.hpp"
+#include "reference/moe_compare.hpp"
+
+namespace moecheck::cli {
+
+struct CheckOptions {
+  std::string backend;         // run this backend on the case; empty: judge recorded outputs
+  std::string output;          // (backend empty) judge only /outputs/<output>; empty: every output
+  std::string budget_model;    // empty: default_budget_model(backend), or the recorded output's model
+  int64_t int32_threshold = 0; // faulty:int32_overflow's wrap index (0: the emulation's 2^31)
+  bool expert_outputs = true;  // run the backend with per-slot outputs (judged per slot)
+  bool keep_ratios = false;    // keep CompareResult::ratio (reports that draw heatmaps)
+};
+
+enum class CheckStatus { pass, fail, input_error };
+std::string_view to_string(CheckStatus s);
+
+struct CheckOutcome {
+  CheckStatus status = CheckStatus::pass;
+  std::vector<CompareResult> results;  // one per judged output
+  std::vector<std::string> budget_models;  // parallel to results
+  std::string reason;                  // one line: what failed, or the input error; "" on pass
+  std::optional<BackendOutput> run;    // the backend run, when one was made
+  double seconds = 0;                  // wall time (reference + backend + judging)
+  int exit_code() const { return status == CheckStatus::pass ? 0 : status == CheckStatus::fail ? 1 : 2; }
+  bool failed() const { return status == CheckStatus::fail; }
+};
+
+CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt);
+// The same on a case already loaded.
+CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt);
+
+// The quantized-tier reference with the budget of `model` (what compare judges against).
+ForwardResult judging_reference(const CaseProblem& cp, const BudgetModel& model);
+// A backend run or a recorded output as compare_output takes it.
+Observation observation_of(const BackendOutput& b);
+Observation observation_of(const std::string& name, OutputData&& d);
+
+// One line naming what failed: failing experts (and which test), token-local failures,
+// routing mismatches, non-finite values, the worst ratio. "" when r passed.
+std::string failure_reason(const CompareResult& r);
+
+// The int32 wrap index at which faulty:int32_overflow can show on a case of this size: half of
+// the slot buffer, T * k * H / 2 (at least 1). The real bug needs > 2^31 elements; the gate and
+// the bug corpus emulate it at a threshold the tiny case reaches.
+int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens);
+
+// The command that replays a backend's judgement of a case through the ordinary pipeline.
+std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold);
+
+}  // namespace moecheck::cli
