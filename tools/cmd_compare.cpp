@@ -14,6 +14,7 @@
 
 #include "golden/case_problem.hpp"
 #include "reference/moe_compare.hpp"
+#include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/reference_store.hpp"
 #include "tools/report.hpp"
@@ -21,16 +22,6 @@
 namespace moecheck::cli {
 
 namespace {
-Observation to_observation(const std::string& name, OutputData&& d) {
-  Observation o;
-  o.name = name;
-  o.output = std::move(d.output);
-  o.topk_ids = std::move(d.topk_ids);
-  o.expert_outputs = std::move(d.expert_outputs);
-  o.expert_outputs_bf16 = d.expert_outputs_dtype == Precision::bf16;
-  return o;
-}
-
 // Tier "ideal" (BUDGETS.md §8): the ideal output as the reference, its budget the quantized
 // budget plus the bound on |ideal - quantized|. Slot outputs are not judged in this tier.
 ForwardResult as_ideal(ForwardResult q, const std::vector<double>& ideal_output) {
@@ -112,7 +103,7 @@ void register_compare(CLI::App& app) {
       copt.model = parse_budget_model(model_name);
       models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
       for (size_t i : idx) {
-        Observation obs = to_observation(outputs[i].name, r.read_output(outputs[i].name));
+        Observation obs = observation_of(outputs[i].name, r.read_output(outputs[i].name));
         if (o->tier == "ideal") obs.expert_outputs.clear();
         if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
           throw InputError(r.path(), "/outputs/" + outputs[i].name + "/output", "shape does not match [T, H]");
