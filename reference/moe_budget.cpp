@@ -45,6 +45,11 @@ double dot_product_bound(const AccumulatorModel& acc, int64_t K, int64_t block, 
   return (1.0 + c_scale) * (1.0 + c_blk) * (1.0 + gamma(double(nb), kU32)) - 1.0;
 }
 
+double promotion_bound(int64_t K, int64_t block, bool pow2_scales) {
+  const int64_t nb = std::max<int64_t>(1, ceil_div(K, block));
+  return (1.0 + (pow2_scales ? 0.0 : kU32)) * (1.0 + gamma(double(nb), kU32)) - 1.0;
+}
+
 double Interval::width_from(double v) const { return std::max(hi - v, v - lo); }
 
 Interval round_interval(Interval x, Precision p) {

@@ -56,6 +56,11 @@ struct BudgetModel {
 // scale product is then exact).
 double dot_product_bound(const AccumulatorModel& acc, int64_t K, int64_t block, bool pow2_scales);
 
+// The promotion part of that bound alone: fl32(sa * sb) (0 for powers of two) and one FFMA per
+// block, (1 + u)(1 + gamma_nb(u)) - 1. With the chunked truncation bound (truncation_bound.hpp)
+// the block accumulation is bounded separately and only this constant multiplies sum |a||w|.
+double promotion_bound(int64_t K, int64_t block, bool pow2_scales);
+
 // A closed interval of real numbers.
 struct Interval {
   double lo = 0, hi = 0;

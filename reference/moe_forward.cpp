@@ -18,6 +18,7 @@
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/truncation_bound.hpp"
 
 namespace moecheck {
 
@@ -91,10 +92,22 @@ struct AbsProduct {
   const RowMat* in;
   RowMat* out;
 };
+// The chunked truncation bound of a truncating accumulator (truncation_bound.hpp): per row of
+// the input its chunk maxima and deviation sums, out err [n, N] = sum over blocks of E_b.
+struct TruncationProduct {
+  const ChunkLayout* layout;
+  const AccumulatorModel* acc;
+  const RowMat* hi;
+  const RowMat* lo;
+  const RowMat* dcum;
+  RowMat* err;
+  std::vector<double>* scratch;
+};
 struct PanelExtras {
   AbsProduct abs[2];
   int n_abs = 0;
   RowMat* back = nullptr;
+  const TruncationProduct* trunc = nullptr;  // needs n_abs > 0 (it reads the |W| panel)
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
 };
 
@@ -108,6 +121,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->resize(ex.abs[i].in->rows(), N);
   if (ex.n_abs) abs_panel->resize(panel.size());
   if (ex.back) ex.back->setZero(a.rows(), K);
+  if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
@@ -119,6 +133,9 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     if (ex.n_abs) {
       ConstRowMap wa(abs_panel->data(), nr, K);
       for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
+      if (const TruncationProduct* t = ex.trunc)
+        truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(), a.rows(),
+                               panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
     }
     r0 += nr;
   }
@@ -132,7 +149,9 @@ struct Scratch {
   RowMat da, dx, dh, dy;  // budget: magnitude inputs and their sums through |W|
   RowMat qa, qx, qh, qy;  // ideal bound: quantization errors and their sums through |W|
   RowMat yw;              // budget: y W2 [n, I], the flip projections
-  std::vector<double> panel, lut, abs_panel;
+  RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
+  RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
+  std::vector<double> panel, lut, abs_panel, tscratch;
   std::vector<double> ilo, ihi, iref, idev;
   std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
   std::vector<float> hrow;
@@ -169,6 +188,7 @@ void intermediate_budget(const MoeConfig& c, const BudgetModel& m, double c2, co
                       s.idev.data() + g0);
   }
   for (int64_t i = 0; i < I; ++i) s.dh(r, i) = c2 * std::fabs(h_deq[i]) + (1 + c2) * s.idev[i];
+  std::copy_n(s.idev.data(), I, s.hdev.row(r).data());
   // Re-quantization flips of this row (deviations beyond the float32 scale/division slack), kept
   // for the systematic allowance of the bias test (BUDGETS.md §7).
   s.flips[r].clear();
@@ -179,11 +199,27 @@ void intermediate_budget(const MoeConfig& c, const BudgetModel& m, double c2, co
 // Budget state shared by the experts: the model and the two dot-product constants.
 struct BudgetCtx {
   const BudgetModel* model = nullptr;
-  double c1 = 0, c2 = 0;   // dot_product_bound for GEMM1 (K = H) and GEMM2 (K = I)
+  // Coefficients of sum |a||w| for GEMM1 (K = H) and GEMM2 (K = I): dot_product_bound, or with
+  // the chunked truncation bound (BUDGETS.md §2.1) promotion_bound, the block accumulation then
+  // bounded chunk by chunk along the layouts L1 (K = H) and L2 (K = I).
+  double c1 = 0, c2 = 0;
+  bool chunked = false;
+  ChunkLayout L1, L2;
   const std::vector<double>* act_dev = nullptr;  // [T, H] deviation of the device's activations
   bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
   double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
 };
+
+// Chunk inputs of the truncation bound for every row of a (deviation rows from dev_of(r)).
+template <class DevOf>
+void prepare_truncation(const ChunkLayout& L, const RowMat& a, DevOf dev_of, Scratch& s) {
+  s.thi.resize(a.rows(), a.cols());
+  s.tlo.resize(a.rows(), a.cols());
+  s.tdcum.resize(a.rows(), L.chunks());
+  for (int64_t r = 0; r < a.rows(); ++r)
+    truncation_row_inputs(L, a.row(r).data(), dev_of(r), s.thi.row(r).data(), s.tlo.row(r).data(),
+                          s.tdcum.row(r).data());
+}
 
 void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
                 const QuantizedHidden& qh, double* slot_out, double* slot_budget, double* slot_ideal, const BudgetCtx& bc,
@@ -238,7 +274,14 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     PanelExtras ex;
     if (budget) ex.add_abs(&s.da, &s.dx);
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
+    TruncationProduct tp{};
+    if (budget && bc.chunked) {
+      tp = {&bc.L1, &bc.model->acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
+      prepare_truncation(bc.L1, s.a, [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s);
+      ex.trunc = &tp;
+    }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
+    if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr;  // BUDGETS.md §2.1
   }
   const int64_t gate0 = c.gate_up_layout == GateUpLayout::gate_up ? 0 : I;
   const int64_t up0 = I - gate0;
@@ -246,7 +289,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hrow.resize(I);
   s.hcodes.resize(I);
   s.hscales.resize(ig);
-  if (budget) s.dh.resize(n, I), s.flips.resize(n);
+  if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.flips.resize(n);
   if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
@@ -282,7 +325,14 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     PanelExtras ex;
     if (budget) ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw;
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
+    TruncationProduct tp{};
+    if (budget && bc.chunked) {
+      tp = {&bc.L2, &bc.model->acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
+      prepare_truncation(bc.L2, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s);
+      ex.trunc = &tp;
+    }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
+    if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr;  // BUDGETS.md §2.1
   }
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
@@ -362,8 +412,16 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   std::vector<double> act_dev;
   if (model) {
     bc.model = model;
-    bc.c1 = dot_product_bound(model->acc, H, c.weight_block, false);
-    bc.c2 = dot_product_bound(model->acc, c.intermediate_size, c.weight_block, false);
+    bc.chunked = uses_chunked_truncation(model->acc);
+    if (bc.chunked) {
+      bc.c1 = promotion_bound(H, c.weight_block, false);
+      bc.c2 = promotion_bound(c.intermediate_size, c.weight_block, false);
+      bc.L1 = ChunkLayout(H, c.weight_block, model->acc.instr_k);
+      bc.L2 = ChunkLayout(c.intermediate_size, c.weight_block, model->acc.instr_k);
+    } else {
+      bc.c1 = dot_product_bound(model->acc, H, c.weight_block, false);
+      bc.c2 = dot_product_bound(model->acc, c.intermediate_size, c.weight_block, false);
+    }
     act_dev.assign(static_cast<size_t>(T * H), 0.0);
     if (!(p.hidden_fp8 && p.hidden_scale)) {
       const float* table = fp8_table(Fp8Format::e4m3fn);

@@ -1,0 +1,68 @@
+// The chunked accumulation bound of a truncating tensor-core accumulator (BUDGETS.md §2.1).
+//
+// Contract. A device accumulates the products of one K block (weight_block wide) with
+// instructions of m products (AccumulatorModel::instr_k). Each instruction aligns its m products
+// and the running sum to the largest exponent E among them, truncates every term to the grid
+// g = 2^(E - p + 1) (p = kept_bits), adds them exactly, may truncate the result to p bits once
+// more, and writes it to a float32 register. With Mu >= the largest term (its products and the
+// register) and G = 2^(1-p) Mu >= g, instruction c errs by at most
+//     T_c = G [register nonzero] + G #{ k : 0 < |p_k| < 256 G }                 (truncation)
+//     R_c = (2^(1-p) + 2^-24) ( |S_c| + D_c + E_{c-1} + T_c )                    (result)
+// The product rule: an e4m3 value has an ulp >= |v| / 16 (normal: v < 16 2^(e-3); subnormal:
+// v <= 7 2^-9), so a product of two codes is a multiple of a power of two >= |p| / 256 and is
+// exact on any power-of-two grid <= |p| / 256; all terms of a block share the scale sa sw, so
+// the rule holds for dequantized values too. Only nonzero products below 256 G (1/32 of the largest
+// term at p = 14) can lose bits, each less than one step g <= G, whether the hardware truncates
+// toward zero or toward -inf (the latter may move a tiny negative product by a whole step, so
+// min(|p|, G) would not be a bound).
+// Here S_c is the exact partial sum of the block through chunk c (double), the device's operands
+// may deviate by da from the reference's (|p_k| lies between (|a| - da)|w| and (|a| + da)|w|), D_c = (sum of da over the block through c) * max |w| of the
+// block bounds the resulting drift of the device's partial sum, and E_{c-1} the error
+// accumulated in the block before chunk c; Mu = max( max_k (|a_k| + da_k)|w_k|, |S_{c-1}| + D_{c-1}
+// + E_{c-1} ). The block's error is E_b = sum_c (T_c + R_c), the output's sum_b E_b (the
+// promotion and the deviation terms are added by the caller, BUDGETS.md §2). Unlike the magnitude
+// bound c_blk sum |a||w|, this follows the running sum's actual size (on i.i.d. data |S_c| grows
+// like sqrt(c), sum |a||w| like c) and charges only the products that can lose bits.
+//
+// Used only for models whose truncation dominates the float32 terms (kept_bits < 24): for a
+// 24-bit model the magnitude bound is already of the order of the register roundings.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "reference/moe_budget.hpp"
+
+namespace moecheck {
+
+// True when the budget uses this file's chunked bound for the model (truncating, < 24 bits).
+bool uses_chunked_truncation(const AccumulatorModel& acc);
+
+// Where the chunks of a K-long dot product with blocks of `block` lie: chunk c covers
+// [start[c], start[c + 1]); chunks never cross a block; first_in_block[c] marks the first chunk
+// of each block and block_of[c] its block.
+struct ChunkLayout {
+  int64_t K = 0, block = 0, m = 0;
+  std::vector<int64_t> start;
+  std::vector<int64_t> block_of;
+  std::vector<char> first_in_block;
+  ChunkLayout() = default;
+  ChunkLayout(int64_t K, int64_t block, int64_t m);
+  int64_t chunks() const { return int64_t(block_of.size()); }
+};
+
+// Per-row inputs of the bound for one operand row a[K] whose device value may deviate by da[K]
+// (nullptr: no deviation): hi[k] = |a_k| + da_k, lo[k] = max(|a_k| - da_k, 0), and dcum[c] = sum
+// of da over the block of chunk c, through chunk c (layout.chunks() values).
+void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* da, double* hi, double* lo,
+                           double* dcum);
+
+// err[r * lderr + o] = sum over blocks of E_b for rows r < n of a (row stride lda) against rows
+// o < nr of the weight panel w (stride ldw; wabs = |w|, same layout). hi, lo (stride lda) and
+// dcum (stride L.chunks()): the rows' truncation_row_inputs. scratch is resized as needed.
+void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
+                            const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
+                            const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
+                            std::vector<double>& scratch);
+
+}  // namespace moecheck
