@@ -107,6 +107,9 @@ struct PanelExtras {
   AbsProduct abs[2];
   int n_abs = 0;
   RowMat* back = nullptr;
+  // When given, back is needed only at these (row, column) pairs (the flip-able intermediates of
+  // each row): computed as dot products when they are few, else as the whole product.
+  const std::vector<std::vector<std::pair<int64_t, double>>>* back_only = nullptr;
   const TruncationProduct* trunc = nullptr;  // needs n_abs > 0 (it reads the |W| panel)
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
 };
@@ -121,6 +124,12 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->resize(ex.abs[i].in->rows(), N);
   if (ex.n_abs) abs_panel->resize(panel.size());
   if (ex.back) ex.back->setZero(a.rows(), K);
+  bool sparse_back = false;
+  if (ex.back && ex.back_only) {
+    size_t pairs = 0;
+    for (const auto& f : *ex.back_only) pairs += f.size();
+    sparse_back = pairs * 16 <= size_t(a.rows() * K);
+  }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
@@ -129,7 +138,15 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data(), ex.n_abs ? abs_panel->data() : nullptr);
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
-    if (ex.back) ex.back->noalias() += out.middleCols(r0, nr) * w;
+    if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
+    if (sparse_back)
+      for (int64_t r = 0; r < a.rows(); ++r)
+        for (const auto& flip : (*ex.back_only)[size_t(r)]) {
+          const int64_t col = flip.first;
+          double acc = 0;
+          for (int64_t o = 0; o < nr; ++o) acc += out(r, r0 + o) * panel[size_t(o * K + col)];
+          (*ex.back)(r, col) += acc;
+        }
     if (ex.n_abs) {
       ConstRowMap wa(abs_panel->data(), nr, K);
       for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
@@ -323,7 +340,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   // GEMM2: y [n, H] = h W2^T, stored per (token, slot).
   {
     PanelExtras ex;
-    if (budget) ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw;
+    if (budget) ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
