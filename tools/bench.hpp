@@ -17,7 +17,10 @@ struct BenchShape {
 
 // Float64 reference on a synthetic in-memory layer of this shape (bench_reference.cpp).
 // with_compare: also time what `moecheck compare` adds (budgeted forward + judging one output).
-int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads, bool with_compare);
+// compare_models: budget models under which to also time what `moecheck compare` adds (the
+// budgeted forward and the judging of one output); empty: none.
+int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
+                    const std::vector<std::string>& compare_models);
 
 // `moecheck bench --backend cuda|cublaslt`: the GPU backends' timing (bench_gpu.cpp).
 struct GpuBenchRequest {

@@ -19,6 +19,7 @@
 #include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
 #include "tools/bench.hpp"
+#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -74,7 +75,8 @@ double measure_gemm_rate(int64_t m, int64_t n, int64_t kdim, int threads) {
 }
 }  // namespace
 
-int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads, bool with_compare) {
+int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
+                    const std::vector<std::string>& compare_models) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MoeConfig c = shape.config;
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.intermediate_size, B = c.weight_block;
@@ -138,10 +140,15 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   const double square = measure_gemm_rate(1024, 1024, 1024, threads);
   // What `moecheck compare` adds: the budgeted forward and the judging of one output (the
   // reference's own output rounded to bf16 stands in for a backend's).
-  double compare_s = -1;
-  if (with_compare) {
+  struct CompareTime {
+    std::string model;
+    double seconds;
+  };
+  std::vector<CompareTime> compare_times;
+  for (const std::string& model_name : compare_models) {
     const auto tc = Clock::now();
     CompareOptions copt;
+    copt.model = parse_budget_model(model_name);
     ForwardOptions fb = opt;
     fb.budget = &copt.model;
     const ForwardResult rb = moe_forward(p, fb);
@@ -150,8 +157,8 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
     for (double v : rb.output) obs.output.push_back(bf16_round(v));
     obs.topk_ids = rb.routing.ids;
     const CompareResult cr = compare_output(p, rb, obs, copt);
-    compare_s = seconds_since(tc);
-    if (!cr.pass) std::cerr << "bench: the reference's own output failed its budget (a bug)\n";
+    compare_times.push_back({model_name, seconds_since(tc)});
+    if (!cr.pass) std::cerr << "bench: the reference's own output failed its " << model_name << " budget (a bug)\n";
   }
   const double rss = peak_rss_bytes();
   const double bound = fp8_bytes + 1024.0 * 1024 * 1024;
@@ -166,9 +173,9 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   fmt::print("  ratio                {:10.1f} % of the measured GEMM rate (target >= 70 %)\n", 100 * achieved / rate);
   fmt::print("  square GEMM rate     {:10.2f} GFLOP/s (Eigen double, 1024^3, {} threads): the reference reaches {:.1f} %\n",
              square * 1e-9, threads, 100 * achieved / square);
-  if (compare_s >= 0)
-    fmt::print("  compare (budgets + judging one output) {:.3f} s = {:.2f} x the reference's time (target < 3)\n",
-               compare_s, compare_s / wall);
+  for (const CompareTime& ct : compare_times)
+    fmt::print("  compare, budget model {:<7} {:.3f} s = {:.2f} x the reference's time (target < 3)\n", ct.model,
+               ct.seconds, ct.seconds / wall);
   fmt::print("  peak RSS             {:10.2f} GiB (bound: FP8 bytes {:.2f} GiB + 1 GiB = {:.2f} GiB) {}\n",
              rss / (1 << 30), fp8_bytes / (1 << 30), bound / (1 << 30), rss <= bound ? "ok" : "OVER");
   return 0;

@@ -1,11 +1,12 @@
 // `moecheck bench --backend cuda|cublaslt [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
 // the GPU backends' timing (tools/bench_gpu.cpp); `moecheck bench reference [--preset NAME]
-// [--tokens N] [--seed S] [--threads N] [--compare]`: figures of the float64 reference on a
+// [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...]`: figures of the float64 reference on a
 // synthetic layer of a real model's shape (tools/bench_reference.cpp).
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
 #include "tools/bench.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -36,6 +37,7 @@ void register_bench(CLI::App& app) {
     uint64_t seed = 1;
     int threads = 0;
     bool compare = false;
+    std::vector<std::string> models;
   };
   auto o = std::make_shared<Opts>();
   ref->add_option("--preset", o->preset, "model preset (moecheck make-case --list-presets)");
@@ -43,11 +45,17 @@ void register_bench(CLI::App& app) {
   ref->add_option("--seed", o->seed, "seed of the synthetic layer");
   ref->add_option("--threads", o->threads, "worker threads (0: all cores)");
   ref->add_flag("--compare", o->compare, "also time what moecheck compare adds (budgets and judging)");
+  ref->add_option("--budget-model", o->models,
+                  "with --compare: the budget models to time, repeatable (default: fp32 and hopper; " +
+                      budget_model_names() + ")")
+      ->check(budget_model_validator());
   set_runner(ref, [o]() {
     const ModelPreset* p = find_model_preset(o->preset);
     if (!p) throw InputError("", "--preset", "unknown preset '" + o->preset + "'; presets: " + model_preset_names());
     BenchShape shape{std::string(p->name), p->config, p->routing_bias};
-    return bench_reference(shape, o->tokens, o->seed, o->threads, o->compare);
+    std::vector<std::string> models;
+    if (o->compare) models = o->models.empty() ? std::vector<std::string>{"fp32", "hopper"} : o->models;
+    return bench_reference(shape, o->tokens, o->seed, o->threads, models);
   });
 }
 
