@@ -56,8 +56,16 @@ constexpr int64_t kPanelRows = 32;
 // rows must lie in one block row. Exact: decode(q) has 4 significant bits and the scale 24, so
 // decode(q) * scale is exact in double; the table holds those products (256 values, then their
 // magnitudes, per block column).
+// The float operands of the truncation bound's fast path (truncation_bound.hpp): |W| rounded up
+// (wu) and down, +inf where zero (wc), from a float table per block.
+struct Float32Panel {
+  std::vector<float>* lut;
+  float* wu;
+  float* wc;
+};
+
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
-                   std::vector<double>& lut, double* out, double* abs_out = nullptr) {
+                   std::vector<double>& lut, double* out, double* abs_out = nullptr, const Float32Panel* f32 = nullptr) {
   const int64_t kb = ceil_div(K, B);
   const float* table = fp8_table(Fp8Format::e4m3fn);
   lut.resize(static_cast<size_t>(kb) * 512);
@@ -68,6 +76,12 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
     if (abs_out)
       for (int i = 0; i < 256; ++i) lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
   }
+  if (f32) {
+    f32->lut->resize(lut.size());
+    for (int64_t c = 0; c < kb; ++c)
+      for (int i = 0; i < 256; ++i)
+        truncation_weight_f32(std::fabs(lut[c * 512 + i]), &(*f32->lut)[c * 512 + i], &(*f32->lut)[c * 512 + 256 + i]);
+  }
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* q = codes + (r0 + r) * K;
     double* o = out + r * K;
@@ -75,7 +89,12 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
     for (int64_t c = 0; c < kb; ++c) {
       const double* l = lut.data() + c * 512;
       const int64_t k1 = std::min(K, (c + 1) * B);
-      if (oa) {
+      if (oa && f32) {
+        const float* lf = f32->lut->data() + c * 512;
+        float* wu = f32->wu + r * K;
+        float* wc = f32->wc + r * K;
+        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]], oa[k] = l[256 + q[k]], wu[k] = lf[q[k]], wc[k] = lf[256 + q[k]];
+      } else if (oa) {
         for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]], oa[k] = l[256 + q[k]];
       } else {
         for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]];
@@ -93,7 +112,9 @@ struct AbsProduct {
   RowMat* out;
 };
 // The chunked truncation bound of a truncating accumulator (truncation_bound.hpp): per row of
-// the input its chunk maxima and deviation sums, out err [n, N] = sum over blocks of E_b.
+// the input its chunk maxima and deviation sums, out err [n, N] = sum over blocks of E_b. The
+// float32 path is used when the rows' float inputs exist (rows_f32) and it answers; else the
+// double one.
 struct TruncationProduct {
   const ChunkLayout* layout;
   const AccumulatorModel* acc;
@@ -102,6 +123,10 @@ struct TruncationProduct {
   const RowMat* dcum;
   RowMat* err;
   std::vector<double>* scratch;
+  const std::vector<float>* hf = nullptr;  // [n, K] float inputs of the rows
+  const std::vector<float>* lf = nullptr;
+  bool rows_f32 = false;
+  Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
 };
 struct PanelExtras {
   AbsProduct abs[2];
@@ -131,11 +156,12 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     sparse_back = pairs * 16 <= size_t(a.rows() * K);
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
+  const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
     const int64_t nr = std::min(kPanelRows, block_end - r0);
-    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data(), ex.n_abs ? abs_panel->data() : nullptr);
+    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data(), ex.n_abs ? abs_panel->data() : nullptr, f32);
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
@@ -150,9 +176,14 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     if (ex.n_abs) {
       ConstRowMap wa(abs_panel->data(), nr, K);
       for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
-      if (const TruncationProduct* t = ex.trunc)
-        truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(), a.rows(),
-                               panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
+      if (const TruncationProduct* t = ex.trunc) {
+        const bool fast = f32 && truncation_bound_panel_f32(*t->layout, *t->acc, a.data(), t->hf->data(), t->lf->data(), K,
+                                                            t->dcum->data(), a.rows(), panel.data(), f32->wu, f32->wc, K,
+                                                            nr, t->err->data() + r0, N);
+        if (!fast)
+          truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(),
+                                 a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
+      }
     }
     r0 += nr;
   }
@@ -169,6 +200,7 @@ struct Scratch {
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   std::vector<double> panel, lut, abs_panel, tscratch;
+  std::vector<float> thf, tlf, tlut, twu, twc;  // truncation bound, float path: rows, table, panel
   std::vector<double> ilo, ihi, iref, idev;
   std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
   std::vector<float> hrow;
@@ -229,13 +261,27 @@ struct BudgetCtx {
 
 // Chunk inputs of the truncation bound for every row of a (deviation rows from dev_of(r)).
 template <class DevOf>
-void prepare_truncation(const ChunkLayout& L, const RowMat& a, DevOf dev_of, Scratch& s) {
-  s.thi.resize(a.rows(), a.cols());
-  s.tlo.resize(a.rows(), a.cols());
-  s.tdcum.resize(a.rows(), L.chunks());
-  for (int64_t r = 0; r < a.rows(); ++r)
+TruncationProduct prepare_truncation(const ChunkLayout& L, const AccumulatorModel& acc, const RowMat& a, DevOf dev_of,
+                                     Scratch& s) {
+  const int64_t n = a.rows(), K = a.cols();
+  s.thi.resize(n, K);
+  s.tlo.resize(n, K);
+  s.tdcum.resize(n, L.chunks());
+  s.thf.resize(size_t(n * K));
+  s.tlf.resize(size_t(n * K));
+  bool f32 = true;
+  for (int64_t r = 0; r < n; ++r) {
     truncation_row_inputs(L, a.row(r).data(), dev_of(r), s.thi.row(r).data(), s.tlo.row(r).data(),
                           s.tdcum.row(r).data());
+    f32 &= truncation_row_inputs_f32(K, s.thi.row(r).data(), s.tlo.row(r).data(), s.thf.data() + r * K,
+                                     s.tlf.data() + r * K);
+  }
+  s.twu.resize(size_t(kPanelRows * K));
+  s.twc.resize(size_t(kPanelRows * K));
+  TruncationProduct tp{&L, &acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
+  tp.hf = &s.thf, tp.lf = &s.tlf, tp.rows_f32 = f32;
+  tp.panel = {&s.tlut, s.twu.data(), s.twc.data()};
+  return tp;
 }
 
 void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
@@ -293,8 +339,8 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
-      tp = {&bc.L1, &bc.model->acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
-      prepare_truncation(bc.L1, s.a, [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s);
+      tp = prepare_truncation(bc.L1, bc.model->acc, s.a,
+                              [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
@@ -344,8 +390,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
-      tp = {&bc.L2, &bc.model->acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
-      prepare_truncation(bc.L2, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s);
+      tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);

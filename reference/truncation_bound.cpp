@@ -3,27 +3,20 @@
 #include "reference/truncation_bound.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#if defined(__AVX2__) && defined(__FMA__)
+#define MOECHECK_TRUNC_AVX2 1
+#include <immintrin.h>
+#endif
 
 namespace moecheck {
 
 namespace {
 constexpr double kU32 = 0x1p-24;  // float32 register rounding
 
-// Exact-in-double partial sums are not needed: the reference's own double rounding (~2^-53
-// relative to sum |a||w|) is 9 orders under the truncation terms (BUDGETS.md §2).
-inline double dot(const double* x, const double* y, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += x[i] * y[i];
-    s1 += x[i + 1] * y[i + 1];
-    s2 += x[i + 2] * y[i + 2];
-    s3 += x[i + 3] * y[i + 3];
-  }
-  for (; i < n; ++i) s0 += x[i] * y[i];
-  return (s0 + s1) + (s2 + s3);
-}
 }  // namespace
 
 bool uses_chunked_truncation(const AccumulatorModel& acc) { return acc.truncating && acc.kept_bits < 24; }
@@ -55,53 +48,375 @@ void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* 
   }
 }
 
+// Work is organised chunk by chunk with the weight rows as the inner (vector) dimension: the
+// chunk's slice of the panel, transposed to [k][o] and padded to lanes of kLane weight rows,
+// stays in L1 while every input row walks it, the per-lane maxima, sums and counts live in
+// registers, and the recurrence over chunks (S, D, E per (row, weight row)) runs elementwise
+// over o. The arithmetic is the contract's, term by term (tests/truncation_bound_test.cpp
+// checks it against a literal evaluation).
+namespace {
+constexpr int64_t kLane = 16;
+}
+
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
                             std::vector<double>& scratch) {
   const int64_t C = L.chunks();
-  const int64_t nb = L.block_of.empty() ? 0 : L.block_of.back() + 1;
-  // Per weight row: the largest |w| of each block (for the drift D of the partial sums).
-  scratch.resize(static_cast<size_t>(nr * nb));
-  for (int64_t o = 0; o < nr; ++o) {
-    const double* wa = wabs + o * ldw;
-    double* mb = scratch.data() + o * nb;
-    std::fill(mb, mb + nb, 0.0);
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t k = L.start[c]; k < L.start[c + 1]; ++k) mb[L.block_of[c]] = std::max(mb[L.block_of[c]], wa[k]);
-  }
+  int64_t mmax = 0;
+  for (int64_t c = 0; c < C; ++c) mmax = std::max(mmax, L.start[c + 1] - L.start[c]);
+  const int64_t np = (nr + kLane - 1) / kLane * kLane;  // weight rows padded to whole lanes
+  // scratch: wT, waT, wcT [mmax][np] (the chunk transposed: w, |w|, and |w| with zeros replaced
+  // by +inf for the count, where inf * l is never below the threshold and 0 * inf is NaN, also
+  // never below it), bm [np] (largest |w| of the current block per weight row), S, D, E,
+  // total [n][np] (the recurrence), G [np].
+  const size_t tile = size_t(mmax * np), state = size_t(n * np);
+  scratch.assign(3 * tile + 2 * size_t(np) + 4 * state, 0.0);
+  double* wT = scratch.data();
+  double* waT = wT + tile;
+  double* wcT = waT + tile;
+  double* bm = wcT + tile;
+  double* G = bm + np;
+  double* S = G + np;
+  double* D = S + state;
+  double* E = D + state;
+  double* total = E + state;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);  // grid / largest term
   const double r1 = g1 + kU32;                            // result truncation + register rounding
-  for (int64_t r = 0; r < n; ++r) {
-    const double* ar = a + r * lda;
-    const double* hr = hi + r * lda;
-    const double* lr = lo + r * lda;
-    const double* dc = dcum + r * C;
-    for (int64_t o = 0; o < nr; ++o) {
-      const double* wr = w + o * ldw;
-      const double* wa = wabs + o * ldw;
-      const double* mb = scratch.data() + o * nb;
+  // S is summed in double in its own order: the reference's rounding (~2^-53 relative to
+  // sum |a||w|) is 9 orders under the truncation terms (BUDGETS.md §2).
+  for (int64_t c = 0; c < C; ++c) {
+    const bool first = L.first_in_block[c];
+    const int64_t k0 = L.start[c], k1 = L.start[c + 1], m = k1 - k0;
+    if (first) {
+      // A new block: bank the last block's error, reset the recurrence, and find each weight
+      // row's largest |w| over the block (for the drift D of the partial sums).
+      const int64_t b1 = std::min(L.K, k0 + L.block);
+      for (int64_t o = 0; o < nr; ++o) {
+        const double* wa = wabs + o * ldw;
+        double x = 0;
+        for (int64_t k = k0; k < b1; ++k) x = std::max(x, wa[k]);
+        bm[o] = x;
+      }
+      for (size_t i = 0; i < state; ++i) total[i] += E[i], S[i] = 0, D[i] = 0, E[i] = 0;
+    }
+    for (int64_t o = 0; o < nr; ++o)
+      for (int64_t j = 0; j < m; ++j) {
+        const double v = w[o * ldw + k0 + j], va = wabs[o * ldw + k0 + j];
+        wT[j * np + o] = v, waT[j * np + o] = va, wcT[j * np + o] = va > 0 ? va : INFINITY;
+      }
+    for (int64_t o = nr; o < np; ++o)
+      for (int64_t j = 0; j < m; ++j) wT[j * np + o] = 0, waT[j * np + o] = 0, wcT[j * np + o] = INFINITY;
+    for (int64_t r = 0; r < n; ++r) {
+      const double* ar = a + r * lda + k0;
+      const double* hr = hi + r * lda + k0;
+      const double* lr = lo + r * lda + k0;
+      double* Sr = S + r * np;
+      double* Dr = D + r * np;
+      double* Er = E + r * np;
+      const double dc = dcum[r * C + c];
+      for (int64_t o0 = 0; o0 < np; o0 += kLane) {
+        double mx[kLane] = {}, dt[kLane] = {};
+        for (int64_t j = 0; j < m; ++j) {
+          const double h = hr[j], x = ar[j];
+          const double* wj = wT + j * np + o0;
+          const double* waj = waT + j * np + o0;
+          for (int64_t o = 0; o < kLane; ++o) mx[o] = std::max(mx[o], h * waj[o]), dt[o] += x * wj[o];
+        }
+        double thr[kLane];
+        for (int64_t o = 0; o < kLane; ++o) {
+          G[o0 + o] = g1 * std::max(mx[o], first ? 0.0 : std::fabs(Sr[o0 + o]) + Dr[o0 + o] + Er[o0 + o]);
+          thr[o] = 256 * G[o0 + o];
+        }
+        // A product that may be nonzero (|a| + da > 0 and |w| > 0) and lies below 256 G may lose
+        // bits: less than one grid step (truncation toward zero or toward -inf alike).
+        int64_t cnt[kLane] = {};
+        for (int64_t j = 0; j < m; ++j) {
+          if (!(hr[j] > 0)) continue;  // zero for every weight row
+          const double l = lr[j];
+          const double* wcj = wcT + j * np + o0;
+          for (int64_t o = 0; o < kLane; ++o) cnt[o] += l * wcj[o] < thr[o];
+        }
+        for (int64_t o = 0; o < kLane; ++o) {
+          const double g = G[o0 + o];
+          const double T = (first ? 0.0 : g) + g * double(cnt[o]);
+          const double Sn = Sr[o0 + o] + dt[o], Dn = dc * bm[o0 + o];
+          Er[o0 + o] += T + r1 * (std::fabs(Sn) + Dn + Er[o0 + o] + T);
+          Sr[o0 + o] = Sn, Dr[o0 + o] = Dn;
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < nr; ++o) err[r * lderr + o] = total[r * np + o] + E[r * np + o];
+}
+
+// ---- float32 fast path (contract: truncation_bound.hpp) -----------------------------------
+
+// Branch-free (these run once per operand): for f >= 0 the next float up is the next bit
+// pattern (0 -> the least subnormal, FLT_MAX -> +inf), the next down the previous one.
+float f32_up(double x) {
+  const float f = static_cast<float>(x);  // round to nearest (+inf beyond range)
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) + uint32_t(double(f) < x));
+}
+
+float f32_down(double x) {
+  const float f = static_cast<float>(x);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) - uint32_t(double(f) > x));
+}
+
+bool truncation_row_inputs_f32(int64_t K, const double* hi, const double* lo, float* hf, float* lf) {
+  bool finite = true;
+  for (int64_t k = 0; k < K; ++k) {
+    hf[k] = f32_up(hi[k]);
+    lf[k] = hi[k] > 0 ? f32_down(lo[k]) : std::numeric_limits<float>::quiet_NaN();
+    finite &= std::isfinite(hf[k]);
+  }
+  return finite;
+}
+
+void truncation_weight_f32(double wabs, float* wu, float* wc) {
+  *wu = f32_up(wabs);
+  *wc = wabs > 0 ? f32_down(wabs) : std::numeric_limits<float>::infinity();
+}
+
+namespace {
+// One chunk of one (row, weight row) pair: the float maximum of hf wu and the double sum of a w
+// (chunk_sums), and the count of lf wc below thr (chunk_count). The common chunk of 32 has an
+// AVX2 form; the portable loop does the same arithmetic (the float products are the same
+// correctly rounded IEEE products either way; only the order of the double sum differs).
+struct ChunkSums {
+  float mx;
+  double dot;
+};
+inline ChunkSums chunk_sums(const double* a, const float* hf, const double* w, const float* wu, int64_t m) {
+#ifdef MOECHECK_TRUNC_AVX2
+  if (m == 32) {
+    // max_ps(p, acc) returns acc when p is NaN (0 * inf: a product known to be zero).
+    __m256 mx = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8)
+      mx = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(hf + j), _mm256_loadu_ps(wu + j)), mx);
+    __m256d d0 = _mm256_setzero_pd(), d1 = d0, d2 = d0, d3 = d0;
+    for (int j = 0; j < 32; j += 16) {
+      d0 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j), _mm256_loadu_pd(w + j), d0);
+      d1 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 4), _mm256_loadu_pd(w + j + 4), d1);
+      d2 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 8), _mm256_loadu_pd(w + j + 8), d2);
+      d3 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 12), _mm256_loadu_pd(w + j + 12), d3);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256d d = _mm256_add_pd(_mm256_add_pd(d0, d1), _mm256_add_pd(d2, d3));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
+    s2 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
+    return {_mm_cvtss_f32(m4), _mm_cvtsd_f64(s2)};
+  }
+#endif
+  float x = 0;
+  double s = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const float p = hf[j] * wu[j];
+    if (p > x) x = p;  // a NaN product (0 * inf, known zero) is skipped
+    s += a[j] * w[j];
+  }
+  return {x, s};
+}
+inline int chunk_count(const float* lf, const float* wc, float thr, int64_t m) {
+#ifdef MOECHECK_TRUNC_AVX2
+  if (m == 32) {
+    const __m256 t = _mm256_set1_ps(thr);
+    __m256i c = _mm256_setzero_si256();
+    for (int j = 0; j < 32; j += 8) {
+      const __m256 lt = _mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(lf + j), _mm256_loadu_ps(wc + j)), t, _CMP_LT_OQ);
+      c = _mm256_sub_epi32(c, _mm256_castps_si256(lt));  // a true lane is -1
+    }
+    __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
+    c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
+    return _mm_cvtsi128_si32(c4);
+  }
+#endif
+  int t = 0;
+  for (int64_t j = 0; j < m; ++j) t += lf[j] * wc[j] < thr;
+  return t;
+}
+}  // namespace
+
+namespace {
+// max(0, x_0, ..., x_{n-1}) of non-negative floats (+inf stays +inf), in independent lanes.
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float r = 0;
+#ifdef MOECHECK_TRUNC_AVX2
+  __m256 m = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, m);
+  for (float v : lane) r = std::max(r, v);
+#endif
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+}  // namespace
+
+#ifdef MOECHECK_TRUNC_AVX2
+namespace {
+// Horizontal reductions of four 8-lane vectors (one per weight row) to one 4-lane vector.
+inline __m128 hmax4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m128 a4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 b4 = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  __m128 c4 = _mm_max_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+  __m128 d4 = _mm_max_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+  _MM_TRANSPOSE4_PS(a4, b4, c4, d4);
+  return _mm_max_ps(_mm_max_ps(a4, b4), _mm_max_ps(c4, d4));
+}
+inline __m256d hsum4(__m256d a, __m256d b, __m256d c, __m256d d) {
+  const __m256d ab = _mm256_hadd_pd(a, b), cd = _mm256_hadd_pd(c, d);
+  return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
+}
+inline __m128i hsum4i(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+// Four weight rows against one input row when every chunk is 32 wide: the same arithmetic as the
+// portable loop, with the recurrence over chunks in the four lanes of a __m256d (one per weight
+// row), so that its latency chain (G -> threshold -> count -> E -> next G) serves four pairs.
+bool group4(const ChunkLayout& L, double g1, double r1, const double* ar, const float* hr, const float* lr,
+            const double* dc, const double* const* w, const float* const* wu, const float* const* wc,
+            const double* bm4, double* out) {
+  const __m256d vg1 = _mm256_set1_pd(g1), vr1 = _mm256_set1_pd(r1), mrel = _mm256_set1_pd(1 + 0x1p-22);
+  const __m256d mabs = _mm256_set1_pd(0x1p-148), c256 = _mm256_set1_pd(256 * (1 + 0x1p-22)), zero = _mm256_setzero_pd();
+  const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
+  __m256d S = zero, D = zero, E = zero, total = zero;
+  for (int64_t c = 0; c < L.chunks(); ++c) {
+    const bool first = L.first_in_block[c];
+    const int64_t k0 = L.start[c];
+    if (first) total = _mm256_add_pd(total, E), S = zero, D = zero, E = zero;
+    __m256 h[4];
+    for (int j = 0; j < 4; ++j) h[j] = _mm256_loadu_ps(hr + k0 + 8 * j);
+    __m256 mx[4];
+    __m256d dt[4];
+    for (int q = 0; q < 4; ++q) {
+      const float* u = wu[q] + k0;
+      __m256 m = _mm256_max_ps(_mm256_mul_ps(h[0], _mm256_loadu_ps(u)), _mm256_setzero_ps());
+      for (int j = 1; j < 4; ++j) m = _mm256_max_ps(_mm256_mul_ps(h[j], _mm256_loadu_ps(u + 8 * j)), m);  // NaN: keep m
+      mx[q] = m;
+      const double* x = ar + k0;
+      const double* y = w[q] + k0;
+      __m256d d0 = _mm256_mul_pd(_mm256_loadu_pd(x), _mm256_loadu_pd(y));
+      __m256d d1 = _mm256_mul_pd(_mm256_loadu_pd(x + 4), _mm256_loadu_pd(y + 4));
+      for (int j = 8; j < 32; j += 8) {
+        d0 = _mm256_fmadd_pd(_mm256_loadu_pd(x + j), _mm256_loadu_pd(y + j), d0);
+        d1 = _mm256_fmadd_pd(_mm256_loadu_pd(x + j + 4), _mm256_loadu_pd(y + j + 4), d1);
+      }
+      dt[q] = _mm256_add_pd(d0, d1);
+    }
+    const __m256d mh = _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[0], mx[1], mx[2], mx[3])), mrel, mabs);
+    const __m256d dot = hsum4(dt[0], dt[1], dt[2], dt[3]);
+    const __m256d reg = first ? zero : _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), D), E);
+    const __m256d G = _mm256_mul_pd(vg1, _mm256_max_pd(mh, reg));  // NaN in reg propagates
+    alignas(16) float thr[4];
+    _mm_store_ps(thr, _mm256_cvtpd_ps(_mm256_fmadd_pd(G, c256, mabs)));  // see the portable loop
+    __m256 l[4];
+    for (int j = 0; j < 4; ++j) l[j] = _mm256_loadu_ps(lr + k0 + 8 * j);
+    __m256i cnt[4];
+    for (int q = 0; q < 4; ++q) {
+      const __m256 t = _mm256_set1_ps(thr[q]);
+      const float* v = wc[q] + k0;
+      __m256i cq = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j)
+        cq = _mm256_sub_epi32(cq, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(l[j], _mm256_loadu_ps(v + 8 * j)), t,
+                                                                    _CMP_LT_OQ)));
+      cnt[q] = cq;
+    }
+    const __m256d nlow = _mm256_cvtepi32_pd(hsum4i(cnt[0], cnt[1], cnt[2], cnt[3]));
+    const __m256d T = _mm256_fmadd_pd(G, nlow, first ? zero : G);
+    const __m256d Sn = _mm256_add_pd(S, dot);
+    const __m256d Dn = _mm256_mul_pd(_mm256_set1_pd(dc[c]), _mm256_loadu_pd(bm4 + 4 * L.block_of[c]));
+    const __m256d inner = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(Sn, absmask), Dn), _mm256_add_pd(E, T));
+    E = _mm256_add_pd(_mm256_add_pd(E, T), _mm256_mul_pd(vr1, inner));
+    S = Sn, D = Dn;
+  }
+  const __m256d res = _mm256_add_pd(total, E);
+  _mm256_storeu_pd(out, res);
+  // finite iff x - x == 0
+  return _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(res, res), zero, _CMP_EQ_OQ)) == 0xF;
+}
+}  // namespace
+#endif
+
+bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const float* hf,
+                                const float* lf, int64_t lda, const double* dcum, int64_t n, const double* w,
+                                const float* wu, const float* wc, int64_t ldw, int64_t nr, double* err,
+                                int64_t lderr) {
+  const int64_t C = L.chunks();
+  const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);
+  const double r1 = g1 + kU32;
+  bool finite = true;
+  const int64_t nb = L.block_of.empty() ? 0 : L.block_of.back() + 1;
+  // Largest |w| of each block per weight row, rounded up (for the drift D): bm[o * nb + b].
+  std::vector<double> bm(static_cast<size_t>(nr * nb));
+  for (int64_t o = 0; o < nr; ++o)
+    for (int64_t c = 0; c < C; ++c)
+      if (L.first_in_block[c]) {
+        const int64_t k0 = L.start[c];
+        bm[size_t(o * nb + L.block_of[c])] = max_of(wu + o * ldw + k0, std::min(L.K, k0 + L.block) - k0);
+      }
+  int64_t o_done = 0;  // weight rows handled by the four-lane kernel
+#ifdef MOECHECK_TRUNC_AVX2
+  bool all32 = true;
+  for (int64_t c = 0; c < C; ++c) all32 &= L.start[c + 1] - L.start[c] == 32;
+  if (all32) {
+    std::vector<double> bm4(static_cast<size_t>(nb * 4));
+    for (; o_done + 4 <= nr; o_done += 4) {
+      const double* wq[4];
+      const float* uq[4];
+      const float* cq[4];
+      for (int q = 0; q < 4; ++q) {
+        wq[q] = w + (o_done + q) * ldw, uq[q] = wu + (o_done + q) * ldw, cq[q] = wc + (o_done + q) * ldw;
+        for (int64_t b = 0; b < nb; ++b) bm4[size_t(4 * b + q)] = bm[size_t((o_done + q) * nb + b)];
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        double out[4];
+        finite &= group4(L, g1, r1, a + r * lda, hf + r * lda, lf + r * lda, dcum + r * C, wq, uq, cq, bm4.data(), out);
+        for (int q = 0; q < 4; ++q) err[r * lderr + o_done + q] = out[q];
+      }
+    }
+  }
+#endif
+  for (int64_t o = o_done; o < nr; ++o) {
+    const double* wr = w + o * ldw;
+    const float* wur = wu + o * ldw;
+    const float* wcr = wc + o * ldw;
+    const double* bmo = bm.data() + o * nb;
+    for (int64_t r = 0; r < n; ++r) {
+      const double* ar = a + r * lda;
+      const float* hr = hf + r * lda;
+      const float* lr = lf + r * lda;
+      const double* dc = dcum + r * C;
       double total = 0, E = 0, S = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
+        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0;
         if (first) total += E, E = 0, S = 0, D = 0;
-        const int64_t k0 = L.start[c], k1 = L.start[c + 1];
-        double mh = 0;
-        for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hr[k] * wa[k]);
-        const double Sn = S + dot(ar + k0, wr + k0, k1 - k0);
+        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, wr + k0, wur + k0, m);
+        const double mh = double(cs.mx) * (1 + 0x1p-22) + 0x1p-148;
         const double G = g1 * std::max(mh, first ? 0.0 : std::fabs(S) + D + E);
-        const double thr = 256 * G;
-        double T = first ? 0.0 : G;
-        // A product that may be nonzero and lies below 256 G may lose bits: less than one grid step
-        // (truncation toward zero or toward -inf alike).
-        for (int64_t k = k0; k < k1; ++k) T += (hr[k] * wa[k] > 0 && lr[k] * wa[k] < thr) ? G : 0.0;
-        const double Dn = dc[c] * mb[L.block_of[c]];
+        // Rounded to nearest, y = 256 G (1 + 2^-22) + 2^-148 becomes >= 256 G (1 + 2^-24) + 2^-150,
+        // what the float products' own rounding needs (truncation_bound.hpp).
+        const float thr = static_cast<float>(256 * G * (1 + 0x1p-22) + 0x1p-148);
+        const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, wcr + k0, thr, m);
+        const double Sn = S + cs.dot, Dn = dc[c] * bmo[L.block_of[c]];
         E += T + r1 * (std::fabs(Sn) + Dn + E + T);
         S = Sn, D = Dn;
       }
-      err[r * lderr + o] = total + E;
+      const double e = total + E;
+      finite &= std::isfinite(e);
+      err[r * lderr + o] = e;
     }
   }
+  return finite;
 }
 
 }  // namespace moecheck

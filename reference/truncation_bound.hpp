@@ -65,4 +65,33 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
                             std::vector<double>& scratch);
 
+// ---- float32 fast path ----------------------------------------------------------------------
+// The same bound with the chunk maxima and the product counts computed in float32 (8 lanes per
+// AVX2 register instead of 4), made safe by directed rounding of the operands and outward
+// margins (the partial sums S stay in double):
+//   * hf = f32_up(hi) >= hi and wu = f32_up(|w|) >= |w|, so hi |w| <= hf wu <= fl(hf wu) (1 + 2^-23)
+//     + 2^-149 (round to nearest, subnormal results included): the chunk maximum used is
+//     max fl(hf wu) (1 + 2^-22) + 2^-148;
+//   * lf = f32_down(lo) <= lo and wc = f32_down(|w|) <= |w|, so lo |w| < 256 G implies
+//     fl(lf wc) < f32_up(256 G (1 + 2^-22) + 2^-148): every product the contract counts is counted
+//     (a few more may be, which only loosens);
+//   * products that are exactly zero are never counted, as in the contract: lf is NaN where hi = 0
+//     and wc is +inf where |w| = 0 (NaN and inf * 0 compare false);
+//   * non-finite values (operands beyond float range) make the call return false: the caller then
+//     uses truncation_bound_panel.
+// The result is >= the double evaluation and exceeds it by at most a relative 2^-20 or so.
+float f32_up(double x);    // the least float >= x (x >= 0; +inf beyond FLT_MAX)
+float f32_down(double x);  // the greatest float <= x (x >= 0)
+// Per-row float inputs from truncation_row_inputs' hi and lo: false when some hi is beyond
+// float range (use the double path for this row's panel then).
+bool truncation_row_inputs_f32(int64_t K, const double* hi, const double* lo, float* hf, float* lf);
+// The weight operands for the float path: wu = f32_up(|w|), wc = |w| > 0 ? f32_down(|w|) : +inf.
+void truncation_weight_f32(double wabs, float* wu, float* wc);
+// err as truncation_bound_panel; w double (for S), wu and wc float (stride ldw). False when a
+// non-finite value arose (err is then unspecified).
+bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const float* hf,
+                                const float* lf, int64_t lda, const double* dcum, int64_t n, const double* w,
+                                const float* wu, const float* wc, int64_t ldw, int64_t nr, double* err,
+                                int64_t lderr);
+
 }  // namespace moecheck

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "reference/counter_rng.hpp"
@@ -149,6 +150,159 @@ RC_GTEST_PROP(TruncationBound, HoldsForTheSimulatedDevice, ()) {
   if (!(t.worst_ratio <= 1.0))
     RC_LOG() << "K=" << K << " p=" << p << " error / bound = " << t.worst_ratio << "\n";
   RC_ASSERT(t.worst_ratio <= 1.0);
+}
+
+// The contract evaluated literally for one (input row, weight row) pair: the oracle of the
+// panel routine, which reorders the work for speed (chunk-major, weight rows as the vector lane).
+// With margins (the float path's envelope): the chunk maximum taken as mh (1 + mh_rel) + abs and
+// the count threshold as 256 G (1 + thr_rel) + abs, ties at the threshold counted.
+struct Margins {
+  double mh_rel = 0, thr_rel = 0, abs = 0;
+  bool count_ties = false;
+};
+double contract_bound(const ChunkLayout& L, int kept_bits, const double* a, const double* hi, const double* lo,
+                      const double* dcum, const double* w, const double* wa, const Margins& mg = {}) {
+  const double g1 = std::ldexp(1.0, 1 - kept_bits), r1 = g1 + 0x1p-24;
+  double total = 0, E = 0, S = 0, D = 0, bmax = 0;
+  for (int64_t c = 0; c < L.chunks(); ++c) {
+    const bool first = L.first_in_block[c];
+    const int64_t k0 = L.start[c], k1 = L.start[c + 1];
+    if (first) {
+      total += E, E = 0, S = 0, D = 0, bmax = 0;
+      for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) bmax = std::max(bmax, wa[k]);
+    }
+    double mh = 0, dot = 0;
+    for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hi[k] * wa[k]), dot += a[k] * w[k];
+    mh = mh * (1 + mg.mh_rel) + mg.abs;
+    const double G = g1 * std::max(mh, first ? 0.0 : std::fabs(S) + D + E);
+    const double thr = 256 * G * (1 + mg.thr_rel) + mg.abs;
+    double T = first ? 0.0 : G;
+    for (int64_t k = k0; k < k1; ++k) {
+      const double pl = lo[k] * wa[k];
+      T += (hi[k] * wa[k] > 0 && (pl < thr || (mg.count_ties && pl == thr))) ? G : 0.0;
+    }
+    const double Sn = S + dot, Dn = dcum[c] * bmax;
+    E += T + r1 * (std::fabs(Sn) + Dn + E + T);
+    S = Sn, D = Dn;
+  }
+  return total + E;
+}
+
+RC_GTEST_PROP(TruncationBound, PanelMatchesTheContractPairByPair, ()) {
+  // Several input rows against a panel of weight rows, with zero operands (skipped products),
+  // deviations and K not a multiple of the block: every entry must equal the literal evaluation
+  // up to the order of the partial sums' double additions.
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  const int64_t K = *rc::gen::inRange<int64_t>(1, 400);
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 6);
+  const int64_t nr = *rc::gen::inRange<int64_t>(1, 33);
+  const int p = *rc::gen::element(8, 14, 17);
+  const CounterRng r{seed, 91};
+  const ChunkLayout L(K, 128, 32);
+  std::vector<double> a(n * K), da(n * K), hi(n * K), lo(n * K), dcum(n * L.chunks()), w(nr * K), wa(nr * K);
+  for (int64_t i = 0; i < n * K; ++i) {
+    a[i] = r.uniform(3 * i) < 0.1 ? 0.0 : random_e4m3(r, 3 * i + 1, true);
+    da[i] = r.uniform(3 * i + 2) < 0.2 ? std::fabs(a[i]) * 0.5 + 0x1p-9 : 0.0;
+  }
+  for (int64_t i = 0; i < nr * K; ++i) {
+    w[i] = r.uniform(1000003 + 2 * i) < 0.1 ? 0.0 : random_e4m3(r, 1000004 + 2 * i, true);
+    wa[i] = std::fabs(w[i]);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    truncation_row_inputs(L, &a[i * K], &da[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()]);
+  std::vector<double> err(n * nr, -1.0), scratch;
+  truncation_bound_panel(L, AccumulatorModel{p, true, 32}, a.data(), hi.data(), lo.data(), K, dcum.data(), n, w.data(),
+                         wa.data(), K, nr, err.data(), nr, scratch);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < nr; ++o) {
+      const double want =
+          contract_bound(L, p, &a[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()], &w[o * K], &wa[o * K]);
+      const double got = err[i * nr + o];
+      if (!(std::fabs(got - want) <= 1e-12 * want)) RC_LOG() << "row " << i << " weight row " << o << "\n";
+      RC_ASSERT(std::fabs(got - want) <= 1e-12 * want);
+    }
+}
+
+// The float32 path against the double one on the same inputs: never below it, and never above
+// the contract evaluated with the float path's outward margins (maxima and threshold widened by
+// a relative 2^-20 and an absolute 2^-146, ties at the threshold counted: common with e4m3
+// codes, whose products are often exact power-of-two multiples of the largest, and which the
+// float test counts while the exact one does not); it declines (returns false) rather than
+// answer when operands leave float range.
+RC_GTEST_PROP(TruncationBound, Float32PathIsAnUpperBoundOfTheDoubleOne, ()) {
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  const int64_t K = *rc::gen::element<int64_t>(128, 256, 7 * 128, *rc::gen::inRange<int64_t>(1, 400));
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 5);
+  const int64_t nr = *rc::gen::inRange<int64_t>(1, 9);
+  const int p = *rc::gen::element(8, 14, 17);
+  // Magnitude of the operands: ordinary, tiny (float subnormal products), or huge (beyond float).
+  const double mag = *rc::gen::element(1.0, 0x1p-70, 0x1p-90, 0x1p70, 0x1p130);
+  const CounterRng r{seed, 93};
+  const ChunkLayout L(K, 128, 32);
+  std::vector<double> a(n * K), da(n * K), hi(n * K), lo(n * K), dcum(n * L.chunks()), w(nr * K), wa(nr * K);
+  for (int64_t i = 0; i < n * K; ++i) {
+    a[i] = r.uniform(3 * i) < 0.1 ? 0.0 : random_e4m3(r, 3 * i + 1, true) * mag;
+    da[i] = r.uniform(3 * i + 2) < 0.2 ? std::fabs(a[i]) * 0.5 : 0.0;
+  }
+  for (int64_t i = 0; i < nr * K; ++i) {
+    w[i] = r.uniform(1000003 + 2 * i) < 0.1 ? 0.0 : random_e4m3(r, 1000004 + 2 * i, true) * 0x1p-20;
+    wa[i] = std::fabs(w[i]);
+  }
+  std::vector<float> hf(n * K), lf(n * K), wu(nr * K), wc(nr * K);
+  bool rows_ok = true;
+  for (int64_t i = 0; i < n; ++i) {
+    truncation_row_inputs(L, &a[i * K], &da[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()]);
+    rows_ok &= truncation_row_inputs_f32(K, &hi[i * K], &lo[i * K], &hf[i * K], &lf[i * K]);
+  }
+  for (int64_t i = 0; i < nr * K; ++i) truncation_weight_f32(wa[i], &wu[i], &wc[i]);
+  const AccumulatorModel acc{p, true, 32};
+  std::vector<double> want(n * nr), got(n * nr), scratch;
+  truncation_bound_panel(L, acc, a.data(), hi.data(), lo.data(), K, dcum.data(), n, w.data(), wa.data(), K, nr,
+                         want.data(), nr, scratch);
+  RC_TAG(rows_ok ? "float rows" : "rows beyond float range");
+  if (!rows_ok) {
+    RC_ASSERT(mag > 0x1p100);  // only the huge operands may leave float range
+    return;
+  }
+  const bool ok = truncation_bound_panel_f32(L, acc, a.data(), hf.data(), lf.data(), K, dcum.data(), n, w.data(),
+                                             wu.data(), wc.data(), K, nr, got.data(), nr);
+  RC_TAG(ok ? "float path answered" : "float path declined");
+  if (!ok) {
+    RC_ASSERT(mag > 0x1p60);
+    return;
+  }
+  const Margins envelope{0x1p-20, 0x1p-20, 0x1p-146, true};
+  double excess = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < nr; ++o) {
+      const double g = got[i * nr + o], lo_b = want[i * nr + o];
+      const double hi_b = contract_bound(L, p, &a[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()], &w[o * K],
+                                         &wa[o * K], envelope);
+      // 1e-12: the partial sums S are summed in different orders (the contract allows it).
+      if (!(g >= lo_b * (1 - 1e-12) && g <= hi_b * (1 + 1e-12)))
+        RC_LOG() << "row " << i << " weight row " << o << ": float " << g << ", double " << lo_b << ", envelope "
+                 << hi_b << "\n";
+      RC_ASSERT(g >= lo_b * (1 - 1e-12));
+      RC_ASSERT(g <= hi_b * (1 + 1e-12));
+      if (lo_b > 0) excess = std::max(excess, g / lo_b - 1);
+    }
+  RC_CLASSIFY(excess < 1e-3, "float path within 0.1% of the double one");
+}
+
+TEST(TruncationBound, DirectedFloatRounding) {
+  for (double x : {0.0, 1.0, 1.0 + 0x1p-30, 0x1p-160, 1e-45, 3.0e38, 3.5e38, 0.1, 1e-300}) {
+    const float u = f32_up(x), d = f32_down(x);
+    EXPECT_GE(double(u), x) << x;
+    EXPECT_LE(double(d), x) << x;
+    if (double(u) == x)
+      EXPECT_EQ(d, u) << x;  // representable: both directions give x
+    else
+      EXPECT_EQ(std::nextafter(d, INFINITY), u) << x;  // else the two neighbours of x
+  }
+  EXPECT_EQ(f32_up(0x1p-160), std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(f32_down(0x1p-160), 0.0f);
+  EXPECT_TRUE(std::isinf(f32_up(3.5e38)));
+  EXPECT_EQ(f32_down(3.5e38), std::numeric_limits<float>::max());
 }
 
 TEST(TruncationBound, TighterThanTheMagnitudeBoundAndNotVacuous) {
