@@ -51,11 +51,6 @@ constexpr int64_t kSlotBufferBytes = int64_t(512) << 20;
 // L2/L3 while the GEMM reads them.
 constexpr int64_t kPanelRows = 32;
 
-// Dequantize rows [r0, r0 + nr) of an [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] scales
-// into out [nr, K] (and their magnitudes into abs_out when given: the same codes, one pass). All
-// rows must lie in one block row. Exact: decode(q) has 4 significant bits and the scale 24, so
-// decode(q) * scale is exact in double; the table holds those products (256 values, then their
-// magnitudes, per block column).
 // The float operands of the truncation bound's fast path (truncation_bound.hpp): |W| rounded up
 // (wu) and down, +inf where zero (wc), from a float table per block.
 struct Float32Panel {
@@ -64,6 +59,11 @@ struct Float32Panel {
   float* wc;
 };
 
+// Dequantize rows [r0, r0 + nr) of an [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] scales
+// into out [nr, K] (and their magnitudes into abs_out when given: the same codes, one pass). All
+// rows must lie in one block row. Exact: decode(q) has 4 significant bits and the scale 24, so
+// decode(q) * scale is exact in double; the table holds those products (256 values, then their
+// magnitudes, per block column). With f32 (and abs_out) also the float operands of Float32Panel.
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
                    std::vector<double>& lut, double* out, double* abs_out = nullptr, const Float32Panel* f32 = nullptr) {
   const int64_t kb = ceil_div(K, B);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOECHECK_TRUNC_AVX2 1
@@ -48,107 +47,53 @@ void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* 
   }
 }
 
-// Work is organised chunk by chunk with the weight rows as the inner (vector) dimension: the
-// chunk's slice of the panel, transposed to [k][o] and padded to lanes of kLane weight rows,
-// stays in L1 while every input row walks it, the per-lane maxima, sums and counts live in
-// registers, and the recurrence over chunks (S, D, E per (row, weight row)) runs elementwise
-// over o. The arithmetic is the contract's, term by term (tests/truncation_bound_test.cpp
-// checks it against a literal evaluation).
-namespace {
-constexpr int64_t kLane = 16;
-}
-
+// The double evaluation, pair by pair as the contract reads. It serves operands beyond float
+// range (the float path declines those) and is the reference the float path is tested against.
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
                             std::vector<double>& scratch) {
   const int64_t C = L.chunks();
-  int64_t mmax = 0;
-  for (int64_t c = 0; c < C; ++c) mmax = std::max(mmax, L.start[c + 1] - L.start[c]);
-  const int64_t np = (nr + kLane - 1) / kLane * kLane;  // weight rows padded to whole lanes
-  // scratch: wT, waT, wcT [mmax][np] (the chunk transposed: w, |w|, and |w| with zeros replaced
-  // by +inf for the count, where inf * l is never below the threshold and 0 * inf is NaN, also
-  // never below it), bm [np] (largest |w| of the current block per weight row), S, D, E,
-  // total [n][np] (the recurrence), G [np].
-  const size_t tile = size_t(mmax * np), state = size_t(n * np);
-  scratch.assign(3 * tile + 2 * size_t(np) + 4 * state, 0.0);
-  double* wT = scratch.data();
-  double* waT = wT + tile;
-  double* wcT = waT + tile;
-  double* bm = wcT + tile;
-  double* G = bm + np;
-  double* S = G + np;
-  double* D = S + state;
-  double* E = D + state;
-  double* total = E + state;
+  const int64_t nb = L.block_of.empty() ? 0 : L.block_of.back() + 1;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);  // grid / largest term
   const double r1 = g1 + kU32;                            // result truncation + register rounding
-  // S is summed in double in its own order: the reference's rounding (~2^-53 relative to
-  // sum |a||w|) is 9 orders under the truncation terms (BUDGETS.md §2).
-  for (int64_t c = 0; c < C; ++c) {
-    const bool first = L.first_in_block[c];
-    const int64_t k0 = L.start[c], k1 = L.start[c + 1], m = k1 - k0;
-    if (first) {
-      // A new block: bank the last block's error, reset the recurrence, and find each weight
-      // row's largest |w| over the block (for the drift D of the partial sums).
-      const int64_t b1 = std::min(L.K, k0 + L.block);
-      for (int64_t o = 0; o < nr; ++o) {
-        const double* wa = wabs + o * ldw;
+  scratch.resize(static_cast<size_t>(nb));                // largest |w| of each block (drift D)
+  for (int64_t o = 0; o < nr; ++o) {
+    const double* wr = w + o * ldw;
+    const double* wa = wabs + o * ldw;
+    for (int64_t c = 0; c < C; ++c)
+      if (L.first_in_block[c]) {
         double x = 0;
-        for (int64_t k = k0; k < b1; ++k) x = std::max(x, wa[k]);
-        bm[o] = x;
+        for (int64_t k = L.start[c], k1 = std::min(L.K, L.start[c] + L.block); k < k1; ++k) x = std::max(x, wa[k]);
+        scratch[size_t(L.block_of[c])] = x;
       }
-      for (size_t i = 0; i < state; ++i) total[i] += E[i], S[i] = 0, D[i] = 0, E[i] = 0;
-    }
-    for (int64_t o = 0; o < nr; ++o)
-      for (int64_t j = 0; j < m; ++j) {
-        const double v = w[o * ldw + k0 + j], va = wabs[o * ldw + k0 + j];
-        wT[j * np + o] = v, waT[j * np + o] = va, wcT[j * np + o] = va > 0 ? va : INFINITY;
-      }
-    for (int64_t o = nr; o < np; ++o)
-      for (int64_t j = 0; j < m; ++j) wT[j * np + o] = 0, waT[j * np + o] = 0, wcT[j * np + o] = INFINITY;
     for (int64_t r = 0; r < n; ++r) {
-      const double* ar = a + r * lda + k0;
-      const double* hr = hi + r * lda + k0;
-      const double* lr = lo + r * lda + k0;
-      double* Sr = S + r * np;
-      double* Dr = D + r * np;
-      double* Er = E + r * np;
-      const double dc = dcum[r * C + c];
-      for (int64_t o0 = 0; o0 < np; o0 += kLane) {
-        double mx[kLane] = {}, dt[kLane] = {};
-        for (int64_t j = 0; j < m; ++j) {
-          const double h = hr[j], x = ar[j];
-          const double* wj = wT + j * np + o0;
-          const double* waj = waT + j * np + o0;
-          for (int64_t o = 0; o < kLane; ++o) mx[o] = std::max(mx[o], h * waj[o]), dt[o] += x * wj[o];
-        }
-        double thr[kLane];
-        for (int64_t o = 0; o < kLane; ++o) {
-          G[o0 + o] = g1 * std::max(mx[o], first ? 0.0 : std::fabs(Sr[o0 + o]) + Dr[o0 + o] + Er[o0 + o]);
-          thr[o] = 256 * G[o0 + o];
-        }
-        // A product that may be nonzero (|a| + da > 0 and |w| > 0) and lies below 256 G may lose
-        // bits: less than one grid step (truncation toward zero or toward -inf alike).
-        int64_t cnt[kLane] = {};
-        for (int64_t j = 0; j < m; ++j) {
-          if (!(hr[j] > 0)) continue;  // zero for every weight row
-          const double l = lr[j];
-          const double* wcj = wcT + j * np + o0;
-          for (int64_t o = 0; o < kLane; ++o) cnt[o] += l * wcj[o] < thr[o];
-        }
-        for (int64_t o = 0; o < kLane; ++o) {
-          const double g = G[o0 + o];
-          const double T = (first ? 0.0 : g) + g * double(cnt[o]);
-          const double Sn = Sr[o0 + o] + dt[o], Dn = dc * bm[o0 + o];
-          Er[o0 + o] += T + r1 * (std::fabs(Sn) + Dn + Er[o0 + o] + T);
-          Sr[o0 + o] = Sn, Dr[o0 + o] = Dn;
-        }
+      const double* ar = a + r * lda;
+      const double* hr = hi + r * lda;
+      const double* lr = lo + r * lda;
+      const double* dc = dcum + r * C;
+      // S is summed in double in its own order: the reference's rounding (~2^-53 relative to
+      // sum |a||w|) is 9 orders under the truncation terms (BUDGETS.md §2).
+      double total = 0, E = 0, S = 0, D = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const bool first = L.first_in_block[c];
+        if (first) total += E, E = 0, S = 0, D = 0;
+        const int64_t k0 = L.start[c], k1 = L.start[c + 1];
+        double mh = 0, dot = 0;
+        for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hr[k] * wa[k]), dot += ar[k] * wr[k];
+        const double G = g1 * std::max(mh, first ? 0.0 : std::fabs(S) + D + E);
+        // A product that may be nonzero and lies below 256 G may lose bits: less than one grid
+        // step (truncation toward zero or toward -inf alike).
+        int64_t cnt = 0;
+        for (int64_t k = k0; k < k1; ++k) cnt += hr[k] > 0 && wa[k] > 0 && lr[k] * wa[k] < 256 * G;
+        const double T = (first ? 0.0 : G) + G * double(cnt);
+        const double Sn = S + dot, Dn = dc[c] * scratch[size_t(L.block_of[c])];
+        E += T + r1 * (std::fabs(Sn) + Dn + E + T);
+        S = Sn, D = Dn;
       }
+      err[r * lderr + o] = total + E;
     }
   }
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t o = 0; o < nr; ++o) err[r * lderr + o] = total[r * np + o] + E[r * np + o];
 }
 
 // ---- float32 fast path (contract: truncation_bound.hpp) -----------------------------------

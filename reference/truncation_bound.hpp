@@ -73,13 +73,16 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
 //     + 2^-149 (round to nearest, subnormal results included): the chunk maximum used is
 //     max fl(hf wu) (1 + 2^-22) + 2^-148;
 //   * lf = f32_down(lo) <= lo and wc = f32_down(|w|) <= |w|, so lo |w| < 256 G implies
-//     fl(lf wc) < f32_up(256 G (1 + 2^-22) + 2^-148): every product the contract counts is counted
-//     (a few more may be, which only loosens);
+//     fl(lf wc) < float(256 G (1 + 2^-22) + 2^-148) (rounded to nearest, still >= 256 G (1 + 2^-24)
+//     + 2^-150): every product the contract counts is counted (a few more may be, which only
+//     loosens);
 //   * products that are exactly zero are never counted, as in the contract: lf is NaN where hi = 0
 //     and wc is +inf where |w| = 0 (NaN and inf * 0 compare false);
 //   * non-finite values (operands beyond float range) make the call return false: the caller then
 //     uses truncation_bound_panel.
-// The result is >= the double evaluation and exceeds it by at most a relative 2^-20 or so.
+// The result is >= the double evaluation. It exceeds it by the margins above and where a product
+// ties the threshold 256 G exactly (frequent with e4m3 codes): the float test counts such a
+// product, the exact one does not.
 float f32_up(double x);    // the least float >= x (x >= 0; +inf beyond FLT_MAX)
 float f32_down(double x);  // the greatest float <= x (x >= 0)
 // Per-row float inputs from truncation_row_inputs' hi and lo: false when some hi is beyond
