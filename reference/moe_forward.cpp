@@ -19,6 +19,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/truncation_bound.hpp"
+#include "reference/weight_panel.hpp"
 
 namespace moecheck {
 
@@ -52,56 +53,12 @@ constexpr int64_t kSlotBufferBytes = int64_t(512) << 20;
 constexpr int64_t kPanelRows = 32;
 
 // The float operands of the truncation bound's fast path (truncation_bound.hpp): |W| rounded up
-// (wu) and down, +inf where zero (wc), from a float table per block.
+// (wu) and down, +inf where zero (wc), [kPanelRows, K] each, and the float tables' scratch.
 struct Float32Panel {
   std::vector<float>* lut;
   float* wu;
   float* wc;
 };
-
-// Dequantize rows [r0, r0 + nr) of an [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] scales
-// into out [nr, K] (and their magnitudes into abs_out when given: the same codes, one pass). All
-// rows must lie in one block row. Exact: decode(q) has 4 significant bits and the scale 24, so
-// decode(q) * scale is exact in double; the table holds those products (256 values, then their
-// magnitudes, per block column). With f32 (and abs_out) also the float operands of Float32Panel.
-void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
-                   std::vector<double>& lut, double* out, double* abs_out = nullptr, const Float32Panel* f32 = nullptr) {
-  const int64_t kb = ceil_div(K, B);
-  const float* table = fp8_table(Fp8Format::e4m3fn);
-  lut.resize(static_cast<size_t>(kb) * 512);
-  const float* srow = scales + (r0 / B) * kb;
-  for (int64_t c = 0; c < kb; ++c) {
-    const double s = srow[c];
-    for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s;
-    if (abs_out)
-      for (int i = 0; i < 256; ++i) lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
-  }
-  if (f32) {
-    f32->lut->resize(lut.size());
-    for (int64_t c = 0; c < kb; ++c)
-      for (int i = 0; i < 256; ++i)
-        truncation_weight_f32(std::fabs(lut[c * 512 + i]), &(*f32->lut)[c * 512 + i], &(*f32->lut)[c * 512 + 256 + i]);
-  }
-  for (int64_t r = 0; r < nr; ++r) {
-    const uint8_t* q = codes + (r0 + r) * K;
-    double* o = out + r * K;
-    double* oa = abs_out ? abs_out + r * K : nullptr;
-    for (int64_t c = 0; c < kb; ++c) {
-      const double* l = lut.data() + c * 512;
-      const int64_t k1 = std::min(K, (c + 1) * B);
-      if (oa && f32) {
-        const float* lf = f32->lut->data() + c * 512;
-        float* wu = f32->wu + r * K;
-        float* wc = f32->wc + r * K;
-        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]], oa[k] = l[256 + q[k]], wu[k] = lf[q[k]], wc[k] = lf[256 + q[k]];
-      } else if (oa) {
-        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]], oa[k] = l[256 + q[k]];
-      } else {
-        for (int64_t k = c * B; k < k1; ++k) o[k] = l[q[k]];
-      }
-    }
-  }
-}
 
 // Products computed from the same dequantized panels as the main one (the budgets' extras):
 // abs: out = in * |W|^T, the sums of magnitudes; back: back = out * W [n, K], the main product's
@@ -157,11 +114,14 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
+  std::vector<float> unused_flut;  // dequant_panel touches its float tables only with f32
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
     const int64_t nr = std::min(kPanelRows, block_end - r0);
-    dequant_panel(codes, scales, K, B, r0, nr, lut, panel.data(), ex.n_abs ? abs_panel->data() : nullptr, f32);
+    WeightPanelOut dst{panel.data(), ex.n_abs ? abs_panel->data() : nullptr};
+    if (f32) dst.wu = f32->wu, dst.wc = f32->wc;
+    dequant_panel(codes, scales, K, B, r0, nr, dst, lut, f32 ? *f32->lut : unused_flut);
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;

@@ -6,8 +6,13 @@
 // g = 2^(E - p + 1) (p = kept_bits), adds them exactly, may truncate the result to p bits once
 // more, and writes it to a float32 register. With Mu >= the largest term (its products and the
 // register) and G = 2^(1-p) Mu >= g, instruction c errs by at most
-//     T_c = G [register nonzero] + G #{ k : 0 < |p_k| < 256 G }                 (truncation)
+//     T_c = G [register nonzero] + G #{ k : 0 < |p_k| < 256 G^ }                (truncation)
 //     R_c = (2^(1-p) + 2^-24) ( |S_c| + D_c + E_{c-1} + T_c )                    (result)
+// where G^ >= G is the same grid from the count-free recurrence: E^ in place of E, every product
+// of the chunk counted (T^_c = G^ ([register nonzero] + m)), so that E^ >= E and G^ >= G by
+// induction. Counting below 256 G^ rather than 256 G counts a superset (only loosens: by the
+// products in the band [256 G, 256 G^), G^ / G - 1 <= ~4 (m + 1) 2^(1-p), 1.6 % at p = 14), and
+// takes the counts off the recurrence's latency chain: they become independent work.
 // The product rule: an e4m3 value has an ulp >= |v| / 16 (normal: v < 16 2^(e-3); subnormal:
 // v <= 7 2^-9), so a product of two codes is a multiple of a power of two >= |p| / 256 and is
 // exact on any power-of-two grid <= |p| / 256; all terms of a block share the scale sa sw, so

@@ -153,9 +153,9 @@ RC_GTEST_PROP(TruncationBound, HoldsForTheSimulatedDevice, ()) {
 }
 
 // The contract evaluated literally for one (input row, weight row) pair: the oracle of the
-// panel routine, which reorders the work for speed (chunk-major, weight rows as the vector lane).
+// panel routines, which reorder the work for speed (block-major, weight rows as the vector lane).
 // With margins (the float path's envelope): the chunk maximum taken as mh (1 + mh_rel) + abs and
-// the count threshold as 256 G (1 + thr_rel) + abs, ties at the threshold counted.
+// the count threshold as 256 G^ (1 + thr_rel) + abs, ties at the threshold counted.
 struct Margins {
   double mh_rel = 0, thr_rel = 0, abs = 0;
   bool count_ties = false;
@@ -163,25 +163,41 @@ struct Margins {
 double contract_bound(const ChunkLayout& L, int kept_bits, const double* a, const double* hi, const double* lo,
                       const double* dcum, const double* w, const double* wa, const Margins& mg = {}) {
   const double g1 = std::ldexp(1.0, 1 - kept_bits), r1 = g1 + 0x1p-24;
-  double total = 0, E = 0, S = 0, D = 0, bmax = 0;
-  for (int64_t c = 0; c < L.chunks(); ++c) {
+  const int64_t C = L.chunks();
+  std::vector<double> mh(C), dot(C), bmax(C), ghat(C);
+  // The chunk maxima and sums, the block maxima of |w|, and G^ from the count-free recurrence.
+  double Eh = 0, S = 0, D = 0;
+  for (int64_t c = 0; c < C; ++c) {
     const bool first = L.first_in_block[c];
     const int64_t k0 = L.start[c], k1 = L.start[c + 1];
     if (first) {
-      total += E, E = 0, S = 0, D = 0, bmax = 0;
-      for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) bmax = std::max(bmax, wa[k]);
+      Eh = 0, S = 0, D = 0, bmax[c] = 0;
+      for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) bmax[c] = std::max(bmax[c], wa[k]);
+    } else {
+      bmax[c] = bmax[c - 1];
     }
-    double mh = 0, dot = 0;
-    for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hi[k] * wa[k]), dot += a[k] * w[k];
-    mh = mh * (1 + mg.mh_rel) + mg.abs;
-    const double G = g1 * std::max(mh, first ? 0.0 : std::fabs(S) + D + E);
-    const double thr = 256 * G * (1 + mg.thr_rel) + mg.abs;
+    mh[c] = 0, dot[c] = 0;
+    for (int64_t k = k0; k < k1; ++k) mh[c] = std::max(mh[c], hi[k] * wa[k]), dot[c] += a[k] * w[k];
+    mh[c] = mh[c] * (1 + mg.mh_rel) + mg.abs;
+    ghat[c] = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + D + Eh);
+    const double Th = ghat[c] * double((first ? 0 : 1) + (k1 - k0));
+    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c];
+    Eh += Th + r1 * (std::fabs(Sn) + Dn + Eh + Th);
+    S = Sn, D = Dn;
+  }
+  double total = 0, E = 0;
+  S = 0, D = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    const bool first = L.first_in_block[c];
+    if (first) total += E, E = 0, S = 0, D = 0;
+    const double G = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + D + E);
+    const double thr = 256 * ghat[c] * (1 + mg.thr_rel) + mg.abs;
     double T = first ? 0.0 : G;
-    for (int64_t k = k0; k < k1; ++k) {
+    for (int64_t k = L.start[c]; k < L.start[c + 1]; ++k) {
       const double pl = lo[k] * wa[k];
       T += (hi[k] * wa[k] > 0 && (pl < thr || (mg.count_ties && pl == thr))) ? G : 0.0;
     }
-    const double Sn = S + dot, Dn = dcum[c] * bmax;
+    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c];
     E += T + r1 * (std::fabs(Sn) + Dn + E + T);
     S = Sn, D = Dn;
   }

@@ -1,0 +1,31 @@
+// Dequantization of FP8 block-scale weight panels for the reference's GEMMs: a few rows of an
+// [N, K] e4m3 weight with [ceil(N/B), ceil(K/B)] fp32 scales, decoded to double (and, for the
+// budgets, their magnitudes and the float operands of the truncation bound's fast path).
+//
+// Exactness: decode(q) has 4 significant bits and the scale 24, so decode(q) * scale is exact in
+// double; |w| is exact too. The float operands are rounded outward: wu = f32_up(|w|) and
+// wc = |w| > 0 ? f32_down(|w|) : +inf (truncation_bound.hpp). The NaN codes (S.1111.111) decode
+// to NaN, which the callers' checks then see. Every form (the portable table lookup, the AVX2
+// arithmetic decode) produces the same values (NaN payloads aside); tests/weight_panel_test.cpp checks all 256 codes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace moecheck {
+
+// Destinations of one panel, each [nr, K] row-major; null pointers are skipped (wabs, and wu with
+// wc together, are optional; wu/wc need wabs).
+struct WeightPanelOut {
+  double* w = nullptr;
+  double* wabs = nullptr;
+  float* wu = nullptr;
+  float* wc = nullptr;
+};
+
+// Rows [r0, r0 + nr) of the weight, all in one block row (r0 / B == (r0 + nr - 1) / B).
+// lut and flut are scratch (per block column tables).
+void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
+                   const WeightPanelOut& out, std::vector<double>& lut, std::vector<float>& flut);
+
+}  // namespace moecheck
