@@ -52,12 +52,11 @@ constexpr int64_t kSlotBufferBytes = int64_t(512) << 20;
 // L2/L3 while the GEMM reads them.
 constexpr int64_t kPanelRows = 32;
 
-// The float operands of the truncation bound's fast path (truncation_bound.hpp): |W| rounded up
-// (wu) and down, +inf where zero (wc), [kPanelRows, K] each, and the float tables' scratch.
+// The float operands of the truncation bound's fast path (truncation_bound.hpp): the panel's
+// e4m3 values dec and mag = |dec| (NaN where zero), [kPanelRows, K] each.
 struct Float32Panel {
-  std::vector<float>* lut;
-  float* wu;
-  float* wc;
+  float* dec;
+  float* mag;
 };
 
 // Products computed from the same dequantized panels as the main one (the budgets' extras):
@@ -80,8 +79,12 @@ struct TruncationProduct {
   const RowMat* dcum;
   RowMat* err;
   std::vector<double>* scratch;
-  const std::vector<float>* hf = nullptr;  // [n, K] float inputs of the rows
+  const std::vector<float>* af = nullptr;  // [n, K] float inputs of the rows
+  const std::vector<float>* hf = nullptr;
   const std::vector<float>* lf = nullptr;
+  // The first magnitude product's input rounded up ([n, K]; empty: not fused): the float path
+  // then computes that product too, from the same pass (truncation_bound.hpp).
+  const std::vector<float>* abs_in = nullptr;
   bool rows_f32 = false;
   Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
 };
@@ -114,14 +117,16 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
-  std::vector<float> unused_flut;  // dequant_panel touches its float tables only with f32
+  // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
+  // unless the pass declines.
+  const bool fuse_abs = f32 && ex.n_abs == 1 && ex.trunc->abs_in && !ex.trunc->abs_in->empty();
   for (int64_t r0 = 0; r0 < N;) {
     // A panel never crosses a block row, so it shares one row of scales.
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
     const int64_t nr = std::min(kPanelRows, block_end - r0);
-    WeightPanelOut dst{panel.data(), ex.n_abs ? abs_panel->data() : nullptr};
-    if (f32) dst.wu = f32->wu, dst.wc = f32->wc;
-    dequant_panel(codes, scales, K, B, r0, nr, dst, lut, f32 ? *f32->lut : unused_flut);
+    WeightPanelOut dst{panel.data(), ex.n_abs && !fuse_abs ? abs_panel->data() : nullptr};
+    if (f32) dst.dec = f32->dec, dst.mag = f32->mag;
+    dequant_panel(codes, scales, K, B, r0, nr, dst, lut);
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
@@ -134,16 +139,23 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
           (*ex.back)(r, col) += acc;
         }
     if (ex.n_abs) {
-      ConstRowMap wa(abs_panel->data(), nr, K);
-      for (int i = 0; i < ex.n_abs; ++i) ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
-      if (const TruncationProduct* t = ex.trunc) {
-        const bool fast = f32 && truncation_bound_panel_f32(*t->layout, *t->acc, a.data(), t->hf->data(), t->lf->data(), K,
-                                                            t->dcum->data(), a.rows(), panel.data(), f32->wu, f32->wc, K,
-                                                            nr, t->err->data() + r0, N);
-        if (!fast)
-          truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(),
-                                 a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
+      bool fast = false;  // the float truncation pass answered
+      const TruncationProduct* t = ex.trunc;
+      if (t && f32) {
+        // The panel's rows share one block row of scales: w = dec * scale[k / B].
+        const float* srow = scales + (r0 / B) * ceil_div(K, B);
+        fast = truncation_bound_panel_f32(*t->layout, *t->acc, t->af->data(), t->hf->data(), t->lf->data(), K,
+                                          t->dcum->data(), a.rows(), f32->dec, f32->mag, K, srow, nr,
+                                          t->err->data() + r0, N, fuse_abs ? t->abs_in->data() : nullptr,
+                                          fuse_abs ? ex.abs[0].out->data() + r0 : nullptr);
       }
+      if (fuse_abs && !fast) dequant_panel(codes, scales, K, B, r0, nr, {panel.data(), abs_panel->data()}, lut);
+      ConstRowMap wa(abs_panel->data(), nr, K);
+      for (int i = fuse_abs && fast ? 1 : 0; i < ex.n_abs; ++i)
+        ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
+      if (t && !fast)
+        truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(),
+                               a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
     }
     r0 += nr;
   }
@@ -160,7 +172,7 @@ struct Scratch {
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   std::vector<double> panel, lut, abs_panel, tscratch;
-  std::vector<float> thf, tlf, tlut, twu, twc;  // truncation bound, float path: rows, table, panel
+  std::vector<float> taf, thf, tlf, tin, tdec, tmag;  // truncation bound, float path: rows, panel
   std::vector<double> ilo, ihi, iref, idev;
   std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
   std::vector<float> hrow;
@@ -220,27 +232,32 @@ struct BudgetCtx {
 };
 
 // Chunk inputs of the truncation bound for every row of a (deviation rows from dev_of(r)).
+// abs_in: the input of the GEMM's first magnitude product, fused into the float pass.
 template <class DevOf>
 TruncationProduct prepare_truncation(const ChunkLayout& L, const AccumulatorModel& acc, const RowMat& a, DevOf dev_of,
-                                     Scratch& s) {
+                                     const RowMat& abs_in, Scratch& s) {
   const int64_t n = a.rows(), K = a.cols();
   s.thi.resize(n, K);
   s.tlo.resize(n, K);
   s.tdcum.resize(n, L.chunks());
+  s.taf.resize(size_t(n * K));
   s.thf.resize(size_t(n * K));
   s.tlf.resize(size_t(n * K));
   bool f32 = true;
   for (int64_t r = 0; r < n; ++r) {
     truncation_row_inputs(L, a.row(r).data(), dev_of(r), s.thi.row(r).data(), s.tlo.row(r).data(),
                           s.tdcum.row(r).data());
-    f32 &= truncation_row_inputs_f32(K, s.thi.row(r).data(), s.tlo.row(r).data(), s.thf.data() + r * K,
-                                     s.tlf.data() + r * K);
+    f32 &= truncation_row_inputs_f32(K, a.row(r).data(), s.thi.row(r).data(), s.tlo.row(r).data(),
+                                     s.taf.data() + r * K, s.thf.data() + r * K, s.tlf.data() + r * K);
   }
-  s.twu.resize(size_t(kPanelRows * K));
-  s.twc.resize(size_t(kPanelRows * K));
+  s.tdec.resize(size_t(kPanelRows * K));
+  s.tmag.resize(size_t(kPanelRows * K));
   TruncationProduct tp{&L, &acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
-  tp.hf = &s.thf, tp.lf = &s.tlf, tp.rows_f32 = f32;
-  tp.panel = {&s.tlut, s.twu.data(), s.twc.data()};
+  tp.af = &s.taf, tp.hf = &s.thf, tp.lf = &s.tlf, tp.rows_f32 = f32;
+  tp.panel = {s.tdec.data(), s.tmag.data()};
+  s.tin.resize(size_t(n * K));
+  for (int64_t i = 0; i < n * K; ++i) s.tin[size_t(i)] = f32_up(abs_in.data()[i]);
+  tp.abs_in = &s.tin;
   return tp;
 }
 
@@ -300,7 +317,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     TruncationProduct tp{};
     if (budget && bc.chunked) {
       tp = prepare_truncation(bc.L1, bc.model->acc, s.a,
-                              [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s);
+                              [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s.da, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
@@ -350,7 +367,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
-      tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s);
+      tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s.dh, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);

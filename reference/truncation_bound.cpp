@@ -129,9 +129,11 @@ float f32_down(double x) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(f) - uint32_t(double(f) > x));
 }
 
-bool truncation_row_inputs_f32(int64_t K, const double* hi, const double* lo, float* hf, float* lf) {
+bool truncation_row_inputs_f32(int64_t K, const double* a, const double* hi, const double* lo, float* af, float* hf,
+                               float* lf) {
   bool finite = true;
   for (int64_t k = 0; k < K; ++k) {
+    af[k] = static_cast<float>(a[k]);
     hf[k] = f32_up(hi[k]);
     lf[k] = hi[k] > 0 ? f32_down(lo[k]) : std::numeric_limits<float>::quiet_NaN();
     finite &= std::isfinite(hf[k]);
@@ -139,86 +141,52 @@ bool truncation_row_inputs_f32(int64_t K, const double* hi, const double* lo, fl
   return finite;
 }
 
-void truncation_weight_f32(double wabs, float* wu, float* wc) {
-  *wu = f32_up(wabs);
-  *wc = wabs > 0 ? f32_down(wabs) : std::numeric_limits<float>::infinity();
-}
-
 namespace {
-// One chunk of one (row, weight row) pair: the float maximum of hf wu and the double sum of a w
-// (chunk_sums), and the count of lf wc below thr (chunk_count). The common chunk of 32 has an
-// AVX2 form; the portable loop does the same arithmetic (the float products are the same
-// correctly rounded IEEE products either way; only the order of the double sum differs).
+// Margins of the float path (truncation_bound.hpp): chunk maxima, thresholds, chunk sums.
+constexpr double kMaxRel = 1 + 0x1p-22, kAbs = 0x1p-148;
+constexpr double kSumRel = 0x1p-15, kSumAbs = 0x1p-134;
+
+// One chunk of one (row, weight row) pair, portable: the float maximum of hf mag (a NaN product
+// is skipped), the double sum of the exact products af dec, and the count of lf mag below thr.
 struct ChunkSums {
   float mx;
   double dot;
 };
-inline ChunkSums chunk_sums(const double* a, const float* hf, const double* w, const float* wu, int64_t m) {
-#ifdef MOECHECK_TRUNC_AVX2
-  if (m == 32) {
-    // max_ps(p, acc) returns acc when p is NaN (0 * inf: a product known to be zero).
-    __m256 mx = _mm256_setzero_ps();
-    for (int j = 0; j < 32; j += 8)
-      mx = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(hf + j), _mm256_loadu_ps(wu + j)), mx);
-    __m256d d0 = _mm256_setzero_pd(), d1 = d0, d2 = d0, d3 = d0;
-    for (int j = 0; j < 32; j += 16) {
-      d0 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j), _mm256_loadu_pd(w + j), d0);
-      d1 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 4), _mm256_loadu_pd(w + j + 4), d1);
-      d2 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 8), _mm256_loadu_pd(w + j + 8), d2);
-      d3 = _mm256_fmadd_pd(_mm256_loadu_pd(a + j + 12), _mm256_loadu_pd(w + j + 12), d3);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-    const __m256d d = _mm256_add_pd(_mm256_add_pd(d0, d1), _mm256_add_pd(d2, d3));
-    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
-    s2 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
-    return {_mm_cvtss_f32(m4), _mm_cvtsd_f64(s2)};
-  }
-#endif
+inline ChunkSums chunk_sums(const float* af, const float* hf, const float* dec, const float* mag, int64_t m) {
   float x = 0;
   double s = 0;
   for (int64_t j = 0; j < m; ++j) {
-    const float p = hf[j] * wu[j];
-    if (p > x) x = p;  // a NaN product (0 * inf, known zero) is skipped
-    s += a[j] * w[j];
+    const float p = hf[j] * mag[j];
+    if (p > x) x = p;
+    s += double(af[j]) * double(dec[j]);  // exact: 24 + 4 significant bits
   }
   return {x, s};
 }
-inline int chunk_count(const float* lf, const float* wc, float thr, int64_t m) {
-#ifdef MOECHECK_TRUNC_AVX2
-  if (m == 32) {
-    const __m256 t = _mm256_set1_ps(thr);
-    __m256i c = _mm256_setzero_si256();
-    for (int j = 0; j < 32; j += 8) {
-      const __m256 lt = _mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(lf + j), _mm256_loadu_ps(wc + j)), t, _CMP_LT_OQ);
-      c = _mm256_sub_epi32(c, _mm256_castps_si256(lt));  // a true lane is -1
-    }
-    __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-    c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
-    c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
-    return _mm_cvtsi128_si32(c4);
-  }
-#endif
+// The magnitude sum of one chunk, sum in |dec| (exact products; the double sum's 2^-53 per
+// term is covered by the (1 + 2^-20) the caller applies, as in the AVX2 form).
+inline double chunk_abs(const float* in, const float* dec, int64_t m) {
+  double s = 0;
+  for (int64_t j = 0; j < m; ++j) s += double(in[j]) * std::fabs(double(dec[j]));
+  return s;
+}
+inline int chunk_count(const float* lf, const float* mag, float thr, int64_t m) {
   int t = 0;
-  for (int64_t j = 0; j < m; ++j) t += lf[j] * wc[j] < thr;
+  for (int64_t j = 0; j < m; ++j) t += lf[j] * mag[j] < thr;
   return t;
 }
-}  // namespace
 
-namespace {
-// max(0, x_0, ..., x_{n-1}) of non-negative floats (+inf stays +inf), in independent lanes.
+// max(0, x_0, ..., x_{n-1}) of non-negative floats, NaN skipped (+inf stays +inf).
 inline float max_of(const float* x, int64_t n) {
   int64_t i = 0;
   float r = 0;
 #ifdef MOECHECK_TRUNC_AVX2
   __m256 m = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);  // NaN: keep m
   alignas(32) float lane[8];
   _mm256_store_ps(lane, m);
   for (float v : lane) r = std::max(r, v);
 #endif
-  for (; i < n; ++i) r = std::max(r, x[i]);
+  for (; i < n; ++i) r = std::max(r, x[i]);  // NaN: keep r
   return r;
 }
 }  // namespace
@@ -234,9 +202,13 @@ inline __m128 hmax4(__m256 a, __m256 b, __m256 c, __m256 d) {
   _MM_TRANSPOSE4_PS(a4, b4, c4, d4);
   return _mm_max_ps(_mm_max_ps(a4, b4), _mm_max_ps(c4, d4));
 }
-inline __m256d hsum4(__m256d a, __m256d b, __m256d c, __m256d d) {
-  const __m256d ab = _mm256_hadd_pd(a, b), cd = _mm256_hadd_pd(c, d);
-  return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
+// Three roundings per term: the halves, then two horizontal adds.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  const __m128 c4 = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+  const __m128 d4 = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+  return _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4));
 }
 inline __m128i hsum4i(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
@@ -245,118 +217,164 @@ inline __m128i hsum4i(__m256i a, __m256i b, __m256i c, __m256i d) {
 
 constexpr int kMaxBlockChunks = 8;  // blocks of up to 256 = 8 chunks of 32 take the AVX2 kernel
 
-// E_b of one block (nch chunks of 32 from k0) for one input row against 4 NG weight rows, four
-// weight rows in the lanes of each __m256d: the same arithmetic as the portable loop. The passes
-// follow the contract: the chunk maxima and sums (independent work), the count-free recurrence
-// of G^ (a short chain without loads), the counts at the thresholds 256 G^ (independent again),
-// then the recurrence of E. No count sits on a latency chain, and the NG groups' chains
-// interleave, so the out-of-order core overlaps them with the loads and products.
-template <int NG>
-inline void block_rows(int nch, int64_t k0, __m256d g1, __m256d r1, const double* ar, const float* hr, const float* lr,
-                       const double* dc, const double* const* w, const float* const* wu, const float* const* wc,
-                       const __m256d* bm, __m256d* out) {
-  const __m256d mrel = _mm256_set1_pd(1 + 0x1p-22), mabs = _mm256_set1_pd(0x1p-148);
-  const __m256d c256 = _mm256_set1_pd(256 * (1 + 0x1p-22)), zero = _mm256_setzero_pd();
+// The scale of one K block as the kernel uses it.
+struct BlockScale {
+  __m256d s, abs_s;  // s, |s|
+  __m256d thr_mul;   // 256 (1 + 2^-22) / |s|: thresholds in units of dec
+  __m256d sum_abs;   // 2^-134 |s|
+  __m256d bmax;      // |s| max |dec| over the block, per weight row (the drift D)
+};
+
+// One input row's operands in a block: float rows af, hf, lf and the deviation sums dcum.
+struct RowPtrs {
+  const float* af;
+  const float* hf;
+  const float* lf;
+  const double* dc;
+  const float* in;  // the magnitude product's input, rounded up (nullptr: none)
+};
+
+// E_b of one block (nch chunks of 32 from k0) for NR input rows against four weight rows, one
+// weight row per lane of a __m256d: the same bound as the portable loop, in the contract's
+// passes: the chunk maxima and sums (independent work; the weight loads serve all NR rows), the
+// count-free recurrence of G^, the counts at the thresholds 256 G^ (independent again), then the
+// recurrence of E. No count sits on a latency chain, and the recurrences are written with their
+// E-independent parts hoisted: with P_j = |S_{j-1}| + Delta_{j-1} + D_{j-1} (0 for j = 0) and
+// Q_j = |S_j| + Delta_j + D_j,
+//     T_j = max(N_j mh_j, N_j (P_j + E_{j-1})),   E_j = (1 + r1)(E_{j-1} + T_j) + r1 Q_j,
+// where N_j = g1 (counted products + [j > 0]) (for E^: every product counted). That is the
+// contract's G = g1 max(mh, reg), T = G N / g1, E += T + r1 (Q + E + T), reassociated (rounding
+// differences of a few double ulps, 10^-15 relative); the chain per step is fma, max, add, fma.
+// The NR rows' chains interleave.
+// With rows[r].in also the block's magnitude sum sum_k in_k |w_k| (abs_out[r]; every term >= 0,
+// so the float sum is within gamma_7 <= 2^-21 relative of the exact one, plus 2^-144 per chunk
+// for underflow: widened by (1 + 2^-20) and that).
+template <int NR>
+inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* rows, const float* const* dec,
+                   const float* const* mag, const BlockScale& bs, __m256d* out, __m256d* abs_out) {
+  const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs), srel = _mm256_set1_pd(kSumRel);
+  const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
   const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
-  __m256d mh[kMaxBlockChunks][NG], dot[kMaxBlockChunks][NG], nlow[kMaxBlockChunks][NG];
-  alignas(16) float thr[kMaxBlockChunks][NG][4];
+  __m256d mh[NR][kMaxBlockChunks], P[NR][kMaxBlockChunks], Q[NR][kMaxBlockChunks], nlow[NR][kMaxBlockChunks];
+  alignas(16) float thr[NR][kMaxBlockChunks][4];
+  const bool with_abs = rows[0].in != nullptr;
+  const __m256 fabsmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256d absum[NR];
+  for (int r = 0; r < NR; ++r) absum[r] = zero;
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
-    __m256 h[4];
-    for (int i = 0; i < 4; ++i) h[i] = _mm256_loadu_ps(hr + k + 8 * i);
-    for (int g = 0; g < NG; ++g) {
-      __m256 mx[4];
-      __m256d dt[4];
-      for (int q = 0; q < 4; ++q) {
-        const float* u = wu[4 * g + q] + k;
-        __m256 m = _mm256_max_ps(_mm256_mul_ps(h[0], _mm256_loadu_ps(u)), _mm256_setzero_ps());
-        for (int i = 1; i < 4; ++i) m = _mm256_max_ps(_mm256_mul_ps(h[i], _mm256_loadu_ps(u + 8 * i)), m);  // NaN: keep m
-        mx[q] = m;
-        const double* x = ar + k;
-        const double* y = w[4 * g + q] + k;
-        __m256d d0 = _mm256_mul_pd(_mm256_loadu_pd(x), _mm256_loadu_pd(y));
-        __m256d d1 = _mm256_mul_pd(_mm256_loadu_pd(x + 4), _mm256_loadu_pd(y + 4));
-        for (int i = 8; i < 32; i += 8) {
-          d0 = _mm256_fmadd_pd(_mm256_loadu_pd(x + i), _mm256_loadu_pd(y + i), d0);
-          d1 = _mm256_fmadd_pd(_mm256_loadu_pd(x + i + 4), _mm256_loadu_pd(y + i + 4), d1);
+    __m256 mx[NR][4], dt[NR][4], ab[NR][4];
+    for (int q = 0; q < 4; ++q) {
+      __m256 u[4], v[4];
+      for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(mag[q] + k + 8 * i), v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
+      for (int r = 0; r < NR; ++r) {
+        const float* h = rows[r].hf + k;
+        const float* x = rows[r].af + k;
+        __m256 m = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(h), u[0]), _mm256_setzero_ps());
+        __m256 d = _mm256_mul_ps(_mm256_loadu_ps(x), v[0]);
+        for (int i = 1; i < 4; ++i) {
+          m = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(h + 8 * i), u[i]), m);  // NaN: keep m
+          d = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * i), v[i], d);
         }
-        dt[q] = _mm256_add_pd(d0, d1);
+        mx[r][q] = m, dt[r][q] = d;
+        if (with_abs) {
+          const float* y = rows[r].in + k;
+          __m256 a = _mm256_mul_ps(_mm256_loadu_ps(y), _mm256_and_ps(v[0], fabsmask));
+          for (int i = 1; i < 4; ++i) a = _mm256_fmadd_ps(_mm256_loadu_ps(y + 8 * i), _mm256_and_ps(v[i], fabsmask), a);
+          ab[r][q] = a;
+        }
       }
-      mh[j][g] = _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[0], mx[1], mx[2], mx[3])), mrel, mabs);
-      dot[j][g] = hsum4(dt[0], dt[1], dt[2], dt[3]);
+    }
+    for (int r = 0; r < NR; ++r) {
+      if (with_abs) absum[r] = _mm256_add_pd(absum[r], _mm256_cvtps_pd(hsum4(ab[r][0], ab[r][1], ab[r][2], ab[r][3])));
+      mh[r][j] = _mm256_mul_pd(bs.abs_s, _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[r][0], mx[r][1], mx[r][2], mx[r][3])),
+                                                        mrel, mabs));
+      // The sums go through P and Q; stash them in Q for now.
+      Q[r][j] = _mm256_mul_pd(bs.s, _mm256_cvtps_pd(hsum4(dt[r][0], dt[r][1], dt[r][2], dt[r][3])));
     }
   }
-  __m256d S[NG], D[NG], E[NG];
-  for (int g = 0; g < NG; ++g) S[g] = zero, D[g] = zero, E[g] = zero;
-  for (int j = 0; j < nch; ++j) {  // G^: every product counted
-    const __m256d dcj = _mm256_set1_pd(dc[j]), mj = _mm256_set1_pd(j ? 33.0 : 32.0);
-    for (int g = 0; g < NG; ++g) {
-      const __m256d reg = j ? _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S[g], absmask), D[g]), E[g]) : zero;
-      const __m256d Gh = _mm256_mul_pd(g1, _mm256_max_pd(mh[j][g], reg));  // NaN in reg propagates
-      _mm_store_ps(thr[j][g], _mm256_cvtpd_ps(_mm256_fmadd_pd(Gh, c256, mabs)));  // see the portable loop
-      const __m256d Th = _mm256_mul_pd(Gh, mj);
-      const __m256d Sn = _mm256_add_pd(S[g], dot[j][g]), Dn = _mm256_mul_pd(dcj, bm[g]);
-      const __m256d inner = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(Sn, absmask), Dn), _mm256_add_pd(E[g], Th));
-      E[g] = _mm256_add_pd(_mm256_add_pd(E[g], Th), _mm256_mul_pd(r1, inner));
-      S[g] = Sn, D[g] = Dn;
+  // P and Q from the prefix sums of the chunk sums, Delta and D (no E involved).
+  for (int r = 0; r < NR; ++r) {
+    __m256d S = zero, Dl = zero, prev = zero;
+    for (int j = 0; j < nch; ++j) {
+      S = _mm256_add_pd(S, Q[r][j]);
+      Dl = _mm256_add_pd(Dl, _mm256_fmadd_pd(mh[r][j], srel, bs.sum_abs));
+      const __m256d D = _mm256_mul_pd(_mm256_set1_pd(rows[r].dc[j]), bs.bmax);
+      P[r][j] = prev;
+      Q[r][j] = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), Dl), D);
+      prev = Q[r][j];
+    }
+  }
+  // G^ and the thresholds: every product counted.
+  __m256d E[NR];
+  for (int r = 0; r < NR; ++r) E[r] = zero;
+  for (int j = 0; j < nch; ++j) {
+    const __m256d N = _mm256_mul_pd(g1, _mm256_set1_pd(j ? 33.0 : 32.0));
+    for (int r = 0; r < NR; ++r) {
+      const __m256d reg = _mm256_add_pd(P[r][j], E[r]);  // 0 for j = 0
+      const __m256d Gh = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
+      _mm_store_ps(thr[r][j], _mm256_cvtpd_ps(_mm256_fmadd_pd(Gh, bs.thr_mul, mabs)));
+      const __m256d Th = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));  // NaN in reg propagates
+      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], Th), _mm256_mul_pd(r1, Q[r][j]));
     }
   }
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
-    __m256 l[4];
-    for (int i = 0; i < 4; ++i) l[i] = _mm256_loadu_ps(lr + k + 8 * i);
-    for (int g = 0; g < NG; ++g) {
-      __m256i cnt[4];
-      for (int q = 0; q < 4; ++q) {
-        const __m256 t = _mm256_set1_ps(thr[j][g][q]);
-        const float* v = wc[4 * g + q] + k;
-        __m256i cq = _mm256_setzero_si256();
+    __m256i cnt[NR][4];
+    for (int q = 0; q < 4; ++q) {
+      __m256 u[4];
+      for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(mag[q] + k + 8 * i);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 t = _mm256_set1_ps(thr[r][j][q]);
+        const float* l = rows[r].lf + k;
+        __m256i c = _mm256_setzero_si256();
         for (int i = 0; i < 4; ++i)
-          cq = _mm256_sub_epi32(cq, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(l[i], _mm256_loadu_ps(v + 8 * i)), t,
-                                                                      _CMP_LT_OQ)));  // a true lane is -1
-        cnt[q] = cq;
+          c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t,
+                                                                    _CMP_LT_OQ)));  // a true lane is -1
+        cnt[r][q] = c;
       }
-      nlow[j][g] = _mm256_cvtepi32_pd(hsum4i(cnt[0], cnt[1], cnt[2], cnt[3]));
     }
+    for (int r = 0; r < NR; ++r) nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
   }
-  for (int g = 0; g < NG; ++g) S[g] = zero, D[g] = zero, E[g] = zero;
+  for (int r = 0; r < NR; ++r) E[r] = zero;
   for (int j = 0; j < nch; ++j) {
-    const __m256d dcj = _mm256_set1_pd(dc[j]);
-    for (int g = 0; g < NG; ++g) {
-      const __m256d reg = j ? _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S[g], absmask), D[g]), E[g]) : zero;
-      const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[j][g], reg));
-      const __m256d T = _mm256_fmadd_pd(G, nlow[j][g], j ? G : zero);
-      const __m256d Sn = _mm256_add_pd(S[g], dot[j][g]), Dn = _mm256_mul_pd(dcj, bm[g]);
-      const __m256d inner = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(Sn, absmask), Dn), _mm256_add_pd(E[g], T));
-      E[g] = _mm256_add_pd(_mm256_add_pd(E[g], T), _mm256_mul_pd(r1, inner));
-      S[g] = Sn, D[g] = Dn;
+    const __m256d lead = j ? _mm256_set1_pd(1.0) : zero;  // the register's own truncation
+    for (int r = 0; r < NR; ++r) {
+      const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(nlow[r][j], lead));
+      const __m256d reg = _mm256_add_pd(P[r][j], E[r]);
+      const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
+      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], T), _mm256_mul_pd(r1, Q[r][j]));
     }
   }
-  for (int g = 0; g < NG; ++g) out[g] = E[g];
+  for (int r = 0; r < NR; ++r) out[r] = E[r];
+  if (with_abs) {
+    const __m256d rel = _mm256_set1_pd(1 + 0x1p-20), uf = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(nch * 0x1p-144));
+    for (int r = 0; r < NR; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, absum[r]), rel, uf);
+  }
 }
 }  // namespace
 #endif
 
-bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const float* hf,
-                                const float* lf, int64_t lda, const double* dcum, int64_t n, const double* w,
-                                const float* wu, const float* wc, int64_t ldw, int64_t nr, double* err,
-                                int64_t lderr) {
+bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
+                                const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
+                                const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
+                                int64_t lderr, const float* in, double* abs_out) {
   const int64_t C = L.chunks();
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);
   const double r1 = g1 + kU32;
   bool finite = true;
-  // The blocks: first chunk of each (and C at the end).
+  // The blocks: first chunk of each (and C at the end), and the largest |dec| of each block per
+  // weight row: bmx[o * nb + b].
   std::vector<int64_t> bfirst;
   for (int64_t c = 0; c < C; ++c)
     if (L.first_in_block[c]) bfirst.push_back(c);
   const int64_t nb = int64_t(bfirst.size());
   bfirst.push_back(C);
-  // Largest |w| of each block per weight row, rounded up (for the drift D): bm[o * nb + b].
-  std::vector<double> bm(static_cast<size_t>(nr * nb));
+  std::vector<double> bmx(static_cast<size_t>(nr * nb));
   for (int64_t o = 0; o < nr; ++o)
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = L.start[bfirst[b]];
-      bm[size_t(o * nb + b)] = max_of(wu + o * ldw + k0, std::min(L.K, k0 + L.block) - k0);
+      bmx[size_t(o * nb + b)] = max_of(mag + o * ldw + k0, std::min(L.K, k0 + L.block) - k0);
     }
   int64_t o_done = 0;  // weight rows handled by the four-lane kernel
 #ifdef MOECHECK_TRUNC_AVX2
@@ -365,85 +383,111 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
   for (int64_t b = 0; b < nb; ++b) all32 &= bfirst[b + 1] - bfirst[b] <= kMaxBlockChunks;
   if (all32) {
     const __m256d vg1 = _mm256_set1_pd(g1), vr1 = _mm256_set1_pd(r1);
-    std::vector<double> bm4(static_cast<size_t>(nb * 8));
-    std::vector<double> tot(static_cast<size_t>(n * 8));  // E_b summed over the blocks, per row
-    // Block-major: one block of four weight rows (8 KiB at 128 columns) stays in L1 while every
+    // E_b and the magnitude sums, summed over the blocks, per row.
+    std::vector<double> tot(static_cast<size_t>(n * 4)), tabs(static_cast<size_t>(n * 4));
+    auto add4 = [](double* t, __m256d v) { _mm256_storeu_pd(t, _mm256_add_pd(_mm256_loadu_pd(t), v)); };
+    auto row = [&](int64_t r, int64_t c0) {
+      return RowPtrs{af + r * lda, hf + r * lda, lf + r * lda, dcum + r * C + c0, in ? in + r * lda : nullptr};
+    };
+    // Block-major: one block of four weight rows (4 KiB at 128 columns) stays in L1 while every
     // input row passes over it.
-    // Eight weight rows at a time where there are eight, then four.
-    auto run_group = [&]<int NG>(std::integral_constant<int, NG>) {
-      const double* wq[4 * NG];
-      const float* uq[4 * NG];
-      const float* cq[4 * NG];
-      for (int q = 0; q < 4 * NG; ++q) {
-        wq[q] = w + (o_done + q) * ldw, uq[q] = wu + (o_done + q) * ldw, cq[q] = wc + (o_done + q) * ldw;
-        for (int64_t b = 0; b < nb; ++b) bm4[size_t(4 * NG * b + q)] = bm[size_t((o_done + q) * nb + b)];
-      }
+    for (; o_done + 4 <= nr; o_done += 4) {
+      const float* dq[4];
+      const float* mq[4];
+      for (int q = 0; q < 4; ++q) dq[q] = dec + (o_done + q) * ldw, mq[q] = mag + (o_done + q) * ldw;
       std::fill(tot.begin(), tot.end(), 0.0);
+      std::fill(tabs.begin(), tabs.end(), 0.0);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t c0 = bfirst[b], k0 = L.start[c0];
         const int nch = int(bfirst[b + 1] - c0);
-        __m256d bmv[NG], e[NG];
-        for (int g = 0; g < NG; ++g) bmv[g] = _mm256_loadu_pd(bm4.data() + 4 * NG * b + 4 * g);
-        for (int64_t r = 0; r < n; ++r) {
-          block_rows<NG>(nch, k0, vg1, vr1, a + r * lda, hf + r * lda, lf + r * lda, dcum + r * C + c0, wq, uq, cq, bmv, e);
-          for (int g = 0; g < NG; ++g) {
-            double* t = &tot[size_t(8 * r + 4 * g)];
-            _mm256_storeu_pd(t, _mm256_add_pd(_mm256_loadu_pd(t), e[g]));
+        const double s = scale[b], as = std::fabs(s);
+        BlockScale bs{_mm256_set1_pd(s), _mm256_set1_pd(as), _mm256_set1_pd(256 * kMaxRel / as),
+                      _mm256_set1_pd(kSumAbs * as),
+                      _mm256_mul_pd(_mm256_set1_pd(as), _mm256_setr_pd(bmx[size_t(o_done * nb + b)],
+                                                                        bmx[size_t((o_done + 1) * nb + b)],
+                                                                        bmx[size_t((o_done + 2) * nb + b)],
+                                                                        bmx[size_t((o_done + 3) * nb + b)]))};
+        int64_t r = 0;
+        for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
+          const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
+          __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, bs, e, ab);
+          for (int i = 0; i < 2; ++i) {
+            add4(&tot[size_t(4 * (r + i))], e[i]);
+            if (in) add4(&tabs[size_t(4 * (r + i))], ab[i]);
           }
         }
-      }
-      for (int64_t r = 0; r < n; ++r)
-        for (int g = 0; g < NG; ++g) {
-          const __m256d res = _mm256_loadu_pd(&tot[size_t(8 * r + 4 * g)]);
-          _mm256_storeu_pd(err + r * lderr + o_done + 4 * g, res);
-          // finite iff x - x == 0
-          finite &= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(res, res), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+        if (r < n) {
+          const RowPtrs rp[1] = {row(r, c0)};
+          __m256d e[1], ab[1] = {_mm256_setzero_pd()};
+          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, bs, e, ab);
+          add4(&tot[size_t(4 * r)], e[0]);
+          if (in) add4(&tabs[size_t(4 * r)], ab[0]);
         }
-      o_done += 4 * NG;
-    };
-    while (o_done + 8 <= nr) run_group(std::integral_constant<int, 2>{});
-    while (o_done + 4 <= nr) run_group(std::integral_constant<int, 1>{});
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        const __m256d res = _mm256_loadu_pd(&tot[size_t(4 * r)]);
+        _mm256_storeu_pd(err + r * lderr + o_done, res);
+        // finite iff x - x == 0
+        finite &= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(res, res), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+        if (in) {
+          const __m256d ab = _mm256_loadu_pd(&tabs[size_t(4 * r)]);
+          _mm256_storeu_pd(abs_out + r * lderr + o_done, ab);
+          finite &= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(ab, ab), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+        }
+      }
+    }
   }
 #endif
-  std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C));
+  std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C));
   std::vector<float> thr(static_cast<size_t>(C));
   for (int64_t o = o_done; o < nr; ++o) {
-    const double* wr = w + o * ldw;
-    const float* wur = wu + o * ldw;
-    const float* wcr = wc + o * ldw;
-    const double* bmo = bm.data() + o * nb;
+    const float* dr = dec + o * ldw;
+    const float* mr = mag + o * ldw;
     for (int64_t r = 0; r < n; ++r) {
-      const double* ar = a + r * lda;
+      const float* ar = af + r * lda;
       const float* hr = hf + r * lda;
       const float* lr = lf + r * lda;
       const double* dc = dcum + r * C;
-      double Eh = 0, S = 0, D = 0;  // pass 1: chunk maxima and sums, G^ (every product counted)
+      // Pass 1: chunk maxima and sums, G^ (every product counted). |S| + Dl bounds the exact |S|.
+      double Eh = 0, S = 0, Dl = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
-        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0;
-        if (first) Eh = 0, S = 0, D = 0;
-        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, wr + k0, wur + k0, m);
-        mhs[c] = double(cs.mx) * (1 + 0x1p-22) + 0x1p-148, dots[c] = cs.dot;
-        const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + D + Eh);
-        // Rounded to nearest, y = 256 G^ (1 + 2^-22) + 2^-148 becomes >= 256 G^ (1 + 2^-24) + 2^-150,
-        // what the float products' own rounding needs (truncation_bound.hpp).
-        thr[c] = static_cast<float>(256 * Gh * (1 + 0x1p-22) + 0x1p-148);
+        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0, b = L.block_of[c];
+        const double s = scale[b], as = std::fabs(s);
+        if (first) Eh = 0, S = 0, Dl = 0, D = 0;
+        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mr + k0, m);
+        mhs[c] = as * (double(cs.mx) * kMaxRel + kAbs), dots[c] = s * cs.dot, dls[c] = kSumRel * mhs[c] + kSumAbs * as;
+        const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
+        // Rounded to nearest, y = 256 G^ (1 + 2^-22) / |s| + 2^-148 becomes >= 256 G^ / |s|
+        // (1 + 2^-24) + 2^-150, what the float products' own rounding needs (truncation_bound.hpp).
+        thr[c] = static_cast<float>(Gh * (256 * kMaxRel / as) + kAbs);
         const double Th = Gh * double((first ? 0 : 1) + m);
-        const double Sn = S + cs.dot, Dn = dc[c] * bmo[L.block_of[c]];
-        Eh += Th + r1 * (std::fabs(Sn) + Dn + Eh + Th);
-        S = Sn, D = Dn;
+        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = dc[c] * (as * bmx[size_t(o * nb + b)]);
+        Eh += Th + r1 * (std::fabs(Sn) + Dln + Dn + Eh + Th);
+        S = Sn, Dl = Dln, D = Dn;
+      }
+      if (in) {  // the magnitude sum, widened as the AVX2 form widens its float one
+        double ab = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t k0 = L.start[c];
+          ab += std::fabs(scale[L.block_of[c]]) *
+                (chunk_abs(in + r * lda + k0, dr + k0, L.start[c + 1] - k0) * (1 + 0x1p-20) + 0x1p-144);
+        }
+        abs_out[r * lderr + o] = ab;
+        finite &= std::isfinite(ab);
       }
       double total = 0, E = 0;  // pass 2: the bound
-      S = 0, D = 0;
+      S = 0, Dl = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
-        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0;
-        if (first) total += E, E = 0, S = 0, D = 0;
-        const double G = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + D + E);
-        const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, wcr + k0, thr[c], m);
-        const double Sn = S + dots[c], Dn = dc[c] * bmo[L.block_of[c]];
-        E += T + r1 * (std::fabs(Sn) + Dn + E + T);
-        S = Sn, D = Dn;
+        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0, b = L.block_of[c];
+        if (first) total += E, E = 0, S = 0, Dl = 0, D = 0;
+        const double G = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + E);
+        const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
+        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = dc[c] * (std::fabs(scale[b]) * bmx[size_t(o * nb + b)]);
+        E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
+        S = Sn, Dl = Dln, D = Dn;
       }
       const double e = total + E;
       finite &= std::isfinite(e);

@@ -71,35 +71,47 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
                             std::vector<double>& scratch);
 
 // ---- float32 fast path ----------------------------------------------------------------------
-// The same bound with the chunk maxima and the product counts computed in float32 (8 lanes per
-// AVX2 register instead of 4), made safe by directed rounding of the operands and outward
-// margins (the partial sums S stay in double):
-//   * hf = f32_up(hi) >= hi and wu = f32_up(|w|) >= |w|, so hi |w| <= hf wu <= fl(hf wu) (1 + 2^-23)
-//     + 2^-149 (round to nearest, subnormal results included): the chunk maximum used is
-//     max fl(hf wu) (1 + 2^-22) + 2^-148;
-//   * lf = f32_down(lo) <= lo and wc = f32_down(|w|) <= |w|, so lo |w| < 256 G implies
-//     fl(lf wc) < float(256 G (1 + 2^-22) + 2^-148) (rounded to nearest, still >= 256 G (1 + 2^-24)
-//     + 2^-150): every product the contract counts is counted (a few more may be, which only
-//     loosens);
+// The same bound evaluated in float32 (8 lanes per AVX2 register instead of 4, a quarter of the
+// bytes per weight), made safe by directed rounding and outward margins. The weights enter as
+// the panel's e4m3 values dec (exact in float) and the scale s_b of each K block (w = dec s_b;
+// all rows of a panel share one block row of scales), so every float product is of an exactly
+// represented weight value:
+//   * hf = f32_up(hi) >= hi, so hi |w| = |s| hi |dec| <= |s| (fl(hf |dec|) (1 + 2^-23) + 2^-149)
+//     (round to nearest, subnormal results included): the chunk maximum used is
+//     mh = |s| (max fl(hf |dec|) (1 + 2^-22) + 2^-148);
+//   * lf = f32_down(lo) <= lo, so lo |w| < 256 G^ implies fl(lf |dec|) < float(256 G^ (1 + 2^-22)
+//     / |s| + 2^-148) (rounded to nearest, still >= 256 G^ / |s| (1 + 2^-24) + 2^-150): every
+//     product the contract counts is counted (a few more may be, which only loosens);
+//   * the chunk sums are float: af = float(a) (|a - af| <= 2^-24 |a| + 2^-150), products and sums
+//     in float with at most 7 roundings per term (AVX2: four FMA per lane, three to reduce the
+//     lanes; the portable loop sums the exact products af dec in double), so the sum S_c in
+//     double is within Delta_c = sum over the block's chunks through c of delta_c = 2^-15 mh_c +
+//     2^-134 |s| of the exact one (32 (2^-24 + gamma_7) <= 2^-16; 2^-134 covers the underflow of
+//     32 conversions and 64 operations of <= 2^-150 |dec|, |dec| <= 448), and |S_c| + Delta_c is
+//     used wherever the contract has |S_c|;
 //   * products that are exactly zero are never counted, as in the contract: lf is NaN where hi = 0
-//     and wc is +inf where |w| = 0 (NaN and inf * 0 compare false);
-//   * non-finite values (operands beyond float range) make the call return false: the caller then
-//     uses truncation_bound_panel.
+//     and mag = |dec| is NaN where dec = 0 (NaN compares false, and max ignores it);
+//   * non-finite values (operands beyond float range, NaN codes or scales) make the call return
+//     false: the caller then uses truncation_bound_panel.
 // The result is >= the double evaluation. It exceeds it by the margins above and where a product
-// ties the threshold 256 G exactly (frequent with e4m3 codes): the float test counts such a
-// product, the exact one does not.
+// ties the threshold exactly (frequent with e4m3 codes): the float test counts such a product,
+// the exact one does not.
 float f32_up(double x);    // the least float >= x (x >= 0; +inf beyond FLT_MAX)
 float f32_down(double x);  // the greatest float <= x (x >= 0)
-// Per-row float inputs from truncation_row_inputs' hi and lo: false when some hi is beyond
-// float range (use the double path for this row's panel then).
-bool truncation_row_inputs_f32(int64_t K, const double* hi, const double* lo, float* hf, float* lf);
-// The weight operands for the float path: wu = f32_up(|w|), wc = |w| > 0 ? f32_down(|w|) : +inf.
-void truncation_weight_f32(double wabs, float* wu, float* wc);
-// err as truncation_bound_panel; w double (for S), wu and wc float (stride ldw). False when a
-// non-finite value arose (err is then unspecified).
-bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const float* hf,
-                                const float* lf, int64_t lda, const double* dcum, int64_t n, const double* w,
-                                const float* wu, const float* wc, int64_t ldw, int64_t nr, double* err,
-                                int64_t lderr);
+// Per-row float inputs from a and truncation_row_inputs' hi and lo: af = float(a) (nearest),
+// hf = f32_up(hi), lf = hi > 0 ? f32_down(lo) : NaN. False when some hi is beyond float range
+// (use the double path for this row's panels then).
+bool truncation_row_inputs_f32(int64_t K, const double* a, const double* hi, const double* lo, float* af, float* hf,
+                               float* lf);
+// err as truncation_bound_panel for weight rows given as dec and mag = dec != 0 ? |dec| : NaN
+// (float, stride ldw) with w = dec * scale[k / L.block]. With in (rows of a non-negative input
+// rounded up, stride lda) also abs_out[r * lderr + o] >= sum_k in_k |w_k|, the magnitude product
+// the budget needs beside the bound, from the same pass over the operands (float sums widened by
+// (1 + 2^-20) and 2^-144 |s| per chunk: gamma_7 and underflow). False when a non-finite value
+// arose (err and abs_out are then unspecified).
+bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
+                                const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
+                                const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
+                                int64_t lderr, const float* in = nullptr, double* abs_out = nullptr);
 
 }  // namespace moecheck

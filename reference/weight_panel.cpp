@@ -5,7 +5,6 @@
 
 #include "reference/fp8_quant.hpp"
 #include "reference/fp8_formats.hpp"
-#include "reference/truncation_bound.hpp"
 #if defined(__AVX2__)
 #define MOECHECK_PANEL_AVX2 1
 #include <immintrin.h>
@@ -29,91 +28,75 @@ inline __m256 decode8(const uint8_t* q) {
   return _mm256_or_ps(_mm256_or_ps(f, nan), _mm256_castsi256_ps(sign));
 }
 
-// Eight 64-bit compare masks (two vectors of four) as eight 32-bit masks, in order.
-inline __m256i narrow_masks(__m256d lo, __m256d hi) {
-  const __m256 pairs = _mm256_shuffle_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi), _MM_SHUFFLE(2, 0, 2, 0));
-  return _mm256_castpd_si256(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-
 // One row segment [k0, k1) of a block column with scale s, eight codes at a time (the tail by
-// the table). float(|w|) is computed as the float product |decode(q)| * s: the exact product
-// rounded once, the same float as rounding the exact double |w|; the step to the neighbour
-// pattern follows from comparing it back in double (truncation_bound.cpp's f32_up, f32_down).
-void segment_avx2(const uint8_t* q, int64_t k0, int64_t k1, float s, double* o, double* oa, float* wu, float* wc,
+// the tables).
+void segment_avx2(const uint8_t* q, int64_t k0, int64_t k1, float s, double* o, double* oa, float* dec, float* mag,
                   const double* l, const float* lf) {
   const __m256d sd = _mm256_set1_pd(double(s));
-  const __m256 sf = _mm256_set1_ps(s);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  const bool s_dead = !(std::fabs(s) > 0);  // zero or NaN scale: every |w| is "zero" for wc
+  const __m256 nan = _mm256_set1_ps(NAN);
   int64_t k = k0;
   for (; k + 8 <= k1; k += 8) {
-    const __m256 dec = decode8(q + k);
-    const __m256d w0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dec)), sd);
-    const __m256d w1 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dec, 1)), sd);
+    const __m256 d = decode8(q + k);
+    const __m256d w0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(d)), sd);
+    const __m256d w1 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)), sd);
     _mm256_storeu_pd(o + k, w0);
     _mm256_storeu_pd(o + k + 4, w1);
-    if (!oa) continue;
-    const __m256d sign = _mm256_set1_pd(-0.0);
-    const __m256d a0 = _mm256_andnot_pd(sign, w0), a1 = _mm256_andnot_pd(sign, w1);
-    _mm256_storeu_pd(oa + k, a0);
-    _mm256_storeu_pd(oa + k + 4, a1);
-    if (!wu) continue;
-    const __m256 adec = _mm256_and_ps(dec, absmask);
-    const __m256 f = _mm256_and_ps(_mm256_mul_ps(adec, sf), absmask);  // round(|w|)
-    const __m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
-    const __m256i below = narrow_masks(_mm256_cmp_pd(b0, a0, _CMP_LT_OQ), _mm256_cmp_pd(b1, a1, _CMP_LT_OQ));
-    const __m256i above = narrow_masks(_mm256_cmp_pd(b0, a0, _CMP_GT_OQ), _mm256_cmp_pd(b1, a1, _CMP_GT_OQ));
-    const __m256i fb = _mm256_castps_si256(f);
-    _mm256_storeu_ps(wu + k, _mm256_castsi256_ps(_mm256_sub_epi32(fb, below)));  // a true mask is -1
-    const __m256 down = _mm256_castsi256_ps(_mm256_add_epi32(fb, above));
-    // |w| > 0 fails for a zero (or NaN) code or scale: +inf there, as truncation_weight_f32 does.
-    const __m256 dead = s_dead ? _mm256_castsi256_ps(_mm256_set1_epi32(-1)) : _mm256_cmp_ps(adec, _mm256_setzero_ps(), _CMP_NGT_UQ);
-    _mm256_storeu_ps(wc + k, _mm256_blendv_ps(down, inf, dead));
+    if (oa) {
+      const __m256d sign = _mm256_set1_pd(-0.0);
+      _mm256_storeu_pd(oa + k, _mm256_andnot_pd(sign, w0));
+      _mm256_storeu_pd(oa + k + 4, _mm256_andnot_pd(sign, w1));
+    }
+    if (dec) {
+      _mm256_storeu_ps(dec + k, d);
+      // |dec|, NaN where dec is zero (and where it is NaN already)
+      const __m256 a = _mm256_and_ps(d, absmask);
+      _mm256_storeu_ps(mag + k, _mm256_blendv_ps(a, nan, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+    }
   }
   for (; k < k1; ++k) {
     o[k] = l[q[k]];
     if (oa) oa[k] = l[256 + q[k]];
-    if (wu) wu[k] = lf[q[k]], wc[k] = lf[256 + q[k]];
+    if (dec) dec[k] = lf[q[k]], mag[k] = lf[256 + q[k]];
   }
 }
 #endif
 
+// The float operands of one code (weight_panel.hpp).
+float code_mag(float d) { return d != 0 ? std::fabs(d) : NAN; }
+
 }  // namespace
 
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
-                   const WeightPanelOut& out, std::vector<double>& lut, std::vector<float>& flut) {
+                   const WeightPanelOut& out, std::vector<double>& lut) {
   const int64_t kb = ceil_div(K, B);
   const float* table = fp8_table(Fp8Format::e4m3fn);
   const float* srow = scales + (r0 / B) * kb;
-  const bool f32 = out.wu != nullptr;
-  // The tables: per block column the 256 values decode(q) * s, then their magnitudes; the float
-  // operands likewise. The AVX2 form uses them only for a row's tail (K not a multiple of 8).
+  // The tables: per block column the 256 values decode(q) * s, then their magnitudes. The AVX2
+  // form uses them only for a row's tail (K not a multiple of 8).
   lut.resize(static_cast<size_t>(kb) * 512);
-  if (f32) flut.resize(lut.size());
   for (int64_t c = 0; c < kb; ++c) {
     const double s = srow[c];
     for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s, lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
-    if (f32)
-      for (int i = 0; i < 256; ++i) truncation_weight_f32(lut[c * 512 + 256 + i], &flut[c * 512 + i], &flut[c * 512 + 256 + i]);
   }
+  float ftab[512];  // dec, then mag, per code
+  for (int i = 0; i < 256; ++i) ftab[i] = table[i], ftab[256 + i] = code_mag(table[i]);
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* q = codes + (r0 + r) * K;
     double* o = out.w + r * K;
     double* oa = out.wabs ? out.wabs + r * K : nullptr;
-    float* wu = f32 ? out.wu + r * K : nullptr;
-    float* wc = f32 ? out.wc + r * K : nullptr;
+    float* dec = out.dec ? out.dec + r * K : nullptr;
+    float* mag = out.dec ? out.mag + r * K : nullptr;
     for (int64_t c = 0; c < kb; ++c) {
       const double* l = lut.data() + c * 512;
-      const float* lf = f32 ? flut.data() + c * 512 : nullptr;
       const int64_t k0 = c * B, k1 = std::min(K, (c + 1) * B);
 #ifdef MOECHECK_PANEL_AVX2
-      segment_avx2(q, k0, k1, srow[c], o, oa, wu, wc, l, lf);
+      segment_avx2(q, k0, k1, srow[c], o, oa, dec, mag, l, ftab);
 #else
       for (int64_t k = k0; k < k1; ++k) {
         o[k] = l[q[k]];
         if (oa) oa[k] = l[256 + q[k]];
-        if (wu) wu[k] = lf[q[k]], wc[k] = lf[256 + q[k]];
+        if (dec) dec[k] = ftab[q[k]], mag[k] = ftab[256 + q[k]];
       }
 #endif
     }

@@ -3,9 +3,10 @@
 // budgets, their magnitudes and the float operands of the truncation bound's fast path).
 //
 // Exactness: decode(q) has 4 significant bits and the scale 24, so decode(q) * scale is exact in
-// double; |w| is exact too. The float operands are rounded outward: wu = f32_up(|w|) and
-// wc = |w| > 0 ? f32_down(|w|) : +inf (truncation_bound.hpp). The NaN codes (S.1111.111) decode
-// to NaN, which the callers' checks then see. Every form (the portable table lookup, the AVX2
+// double; |w| is exact too. The float operands are the codes' values without the scale, exact in
+// float: dec = decode(q) and mag = dec != 0 ? |dec| : NaN (truncation_bound.hpp: NaN marks a
+// product known to be zero). The NaN codes (S.1111.111) decode to NaN, which the callers' checks
+// then see. Every form (the portable table lookup, the AVX2
 // arithmetic decode) produces the same values (NaN payloads aside); tests/weight_panel_test.cpp checks all 256 codes.
 #pragma once
 
@@ -14,18 +15,18 @@
 
 namespace moecheck {
 
-// Destinations of one panel, each [nr, K] row-major; null pointers are skipped (wabs, and wu with
-// wc together, are optional; wu/wc need wabs).
+// Destinations of one panel, each [nr, K] row-major; null pointers are skipped (wabs, and dec
+// with mag together, are optional).
 struct WeightPanelOut {
   double* w = nullptr;
   double* wabs = nullptr;
-  float* wu = nullptr;
-  float* wc = nullptr;
+  float* dec = nullptr;
+  float* mag = nullptr;
 };
 
 // Rows [r0, r0 + nr) of the weight, all in one block row (r0 / B == (r0 + nr - 1) / B).
-// lut and flut are scratch (per block column tables).
+// lut is scratch (per block column tables).
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
-                   const WeightPanelOut& out, std::vector<double>& lut, std::vector<float>& flut);
+                   const WeightPanelOut& out, std::vector<double>& lut);
 
 }  // namespace moecheck

@@ -156,22 +156,25 @@ RC_GTEST_PROP(TruncationBound, HoldsForTheSimulatedDevice, ()) {
 // panel routines, which reorder the work for speed (block-major, weight rows as the vector lane).
 // With margins (the float path's envelope): the chunk maximum taken as mh (1 + mh_rel) + abs and
 // the count threshold as 256 G^ (1 + thr_rel) + abs, ties at the threshold counted.
+// The float path's chunk sums are within sum_rel mh + sum_abs per chunk of the exact ones: the
+// envelope adds that (accumulated over the block) to |S|.
 struct Margins {
   double mh_rel = 0, thr_rel = 0, abs = 0;
   bool count_ties = false;
+  double sum_rel = 0, sum_abs = 0;
 };
 double contract_bound(const ChunkLayout& L, int kept_bits, const double* a, const double* hi, const double* lo,
                       const double* dcum, const double* w, const double* wa, const Margins& mg = {}) {
   const double g1 = std::ldexp(1.0, 1 - kept_bits), r1 = g1 + 0x1p-24;
   const int64_t C = L.chunks();
-  std::vector<double> mh(C), dot(C), bmax(C), ghat(C);
+  std::vector<double> mh(C), dot(C), bmax(C), ghat(C), dl(C);
   // The chunk maxima and sums, the block maxima of |w|, and G^ from the count-free recurrence.
-  double Eh = 0, S = 0, D = 0;
+  double Eh = 0, S = 0, D = 0, Dl = 0;
   for (int64_t c = 0; c < C; ++c) {
     const bool first = L.first_in_block[c];
     const int64_t k0 = L.start[c], k1 = L.start[c + 1];
     if (first) {
-      Eh = 0, S = 0, D = 0, bmax[c] = 0;
+      Eh = 0, S = 0, D = 0, Dl = 0, bmax[c] = 0;
       for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) bmax[c] = std::max(bmax[c], wa[k]);
     } else {
       bmax[c] = bmax[c - 1];
@@ -179,27 +182,28 @@ double contract_bound(const ChunkLayout& L, int kept_bits, const double* a, cons
     mh[c] = 0, dot[c] = 0;
     for (int64_t k = k0; k < k1; ++k) mh[c] = std::max(mh[c], hi[k] * wa[k]), dot[c] += a[k] * w[k];
     mh[c] = mh[c] * (1 + mg.mh_rel) + mg.abs;
-    ghat[c] = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + D + Eh);
+    dl[c] = mg.sum_rel * mh[c] + mg.sum_abs;
+    ghat[c] = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
     const double Th = ghat[c] * double((first ? 0 : 1) + (k1 - k0));
-    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c];
-    Eh += Th + r1 * (std::fabs(Sn) + Dn + Eh + Th);
-    S = Sn, D = Dn;
+    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c], Dln = Dl + dl[c];
+    Eh += Th + r1 * (std::fabs(Sn) + Dln + Dn + Eh + Th);
+    S = Sn, D = Dn, Dl = Dln;
   }
   double total = 0, E = 0;
-  S = 0, D = 0;
+  S = 0, D = 0, Dl = 0;
   for (int64_t c = 0; c < C; ++c) {
     const bool first = L.first_in_block[c];
-    if (first) total += E, E = 0, S = 0, D = 0;
-    const double G = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + D + E);
+    if (first) total += E, E = 0, S = 0, D = 0, Dl = 0;
+    const double G = g1 * std::max(mh[c], first ? 0.0 : std::fabs(S) + Dl + D + E);
     const double thr = 256 * ghat[c] * (1 + mg.thr_rel) + mg.abs;
     double T = first ? 0.0 : G;
     for (int64_t k = L.start[c]; k < L.start[c + 1]; ++k) {
       const double pl = lo[k] * wa[k];
       T += (hi[k] * wa[k] > 0 && (pl < thr || (mg.count_ties && pl == thr))) ? G : 0.0;
     }
-    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c];
-    E += T + r1 * (std::fabs(Sn) + Dn + E + T);
-    S = Sn, D = Dn;
+    const double Sn = S + dot[c], Dn = dcum[c] * bmax[c], Dln = Dl + dl[c];
+    E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
+    S = Sn, D = Dn, Dl = Dln;
   }
   return total + E;
 }
@@ -243,8 +247,9 @@ RC_GTEST_PROP(TruncationBound, PanelMatchesTheContractPairByPair, ()) {
 // the contract evaluated with the float path's outward margins (maxima and threshold widened by
 // a relative 2^-20 and an absolute 2^-146, ties at the threshold counted: common with e4m3
 // codes, whose products are often exact power-of-two multiples of the largest, and which the
-// float test counts while the exact one does not); it declines (returns false) rather than
-// answer when operands leave float range.
+// float test counts while the exact one does not; the chunk sums widened by 2^-14 of the chunk
+// maximum and 2^-130); it declines (returns false) rather than answer when operands leave float
+// range. The weights are e4m3 values times a scale per K block, as the panels hold them.
 RC_GTEST_PROP(TruncationBound, Float32PathIsAnUpperBoundOfTheDoubleOne, ()) {
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   const int64_t K = *rc::gen::element<int64_t>(128, 256, 7 * 128, *rc::gen::inRange<int64_t>(1, 400));
@@ -255,22 +260,31 @@ RC_GTEST_PROP(TruncationBound, Float32PathIsAnUpperBoundOfTheDoubleOne, ()) {
   const double mag = *rc::gen::element(1.0, 0x1p-70, 0x1p-90, 0x1p70, 0x1p130);
   const CounterRng r{seed, 93};
   const ChunkLayout L(K, 128, 32);
+  const int64_t nb = (K + 127) / 128;
   std::vector<double> a(n * K), da(n * K), hi(n * K), lo(n * K), dcum(n * L.chunks()), w(nr * K), wa(nr * K);
   for (int64_t i = 0; i < n * K; ++i) {
     a[i] = r.uniform(3 * i) < 0.1 ? 0.0 : random_e4m3(r, 3 * i + 1, true) * mag;
     da[i] = r.uniform(3 * i + 2) < 0.2 ? std::fabs(a[i]) * 0.5 : 0.0;
   }
+  // Block scales: mostly 2^-20 times a random float in [1, 2), some tiny, some zero (a dead block).
+  std::vector<float> scale(nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    const double u = r.uniform(2000003 + b);
+    scale[b] = u < 0.1 ? 0.0f : u < 0.2 ? 0x1p-120f : static_cast<float>((1 + r.uniform(2100003 + b)) * 0x1p-20);
+  }
+  std::vector<float> dec(nr * K), dmag(nr * K);
   for (int64_t i = 0; i < nr * K; ++i) {
-    w[i] = r.uniform(1000003 + 2 * i) < 0.1 ? 0.0 : random_e4m3(r, 1000004 + 2 * i, true) * 0x1p-20;
+    dec[i] = r.uniform(1000003 + 2 * i) < 0.1 ? 0.0f : static_cast<float>(random_e4m3(r, 1000004 + 2 * i, true));
+    dmag[i] = dec[i] != 0 ? std::fabs(dec[i]) : NAN;
+    w[i] = double(dec[i]) * double(scale[(i % K) / 128]);
     wa[i] = std::fabs(w[i]);
   }
-  std::vector<float> hf(n * K), lf(n * K), wu(nr * K), wc(nr * K);
+  std::vector<float> af(n * K), hf(n * K), lf(n * K);
   bool rows_ok = true;
   for (int64_t i = 0; i < n; ++i) {
     truncation_row_inputs(L, &a[i * K], &da[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()]);
-    rows_ok &= truncation_row_inputs_f32(K, &hi[i * K], &lo[i * K], &hf[i * K], &lf[i * K]);
+    rows_ok &= truncation_row_inputs_f32(K, &a[i * K], &hi[i * K], &lo[i * K], &af[i * K], &hf[i * K], &lf[i * K]);
   }
-  for (int64_t i = 0; i < nr * K; ++i) truncation_weight_f32(wa[i], &wu[i], &wc[i]);
   const AccumulatorModel acc{p, true, 32};
   std::vector<double> want(n * nr), got(n * nr), scratch;
   truncation_bound_panel(L, acc, a.data(), hi.data(), lo.data(), K, dcum.data(), n, w.data(), wa.data(), K, nr,
@@ -280,14 +294,20 @@ RC_GTEST_PROP(TruncationBound, Float32PathIsAnUpperBoundOfTheDoubleOne, ()) {
     RC_ASSERT(mag > 0x1p100);  // only the huge operands may leave float range
     return;
   }
-  const bool ok = truncation_bound_panel_f32(L, acc, a.data(), hf.data(), lf.data(), K, dcum.data(), n, w.data(),
-                                             wu.data(), wc.data(), K, nr, got.data(), nr);
+  // The fused magnitude product: a non-negative input (as the budget's c |a| + (1 + c) da),
+  // rounded up to float; its result must bound sum_k in_k |w_k| from above, and closely.
+  std::vector<double> in(n * K), abs_got(n * nr, -1.0);
+  std::vector<float> in_f(n * K);
+  for (int64_t i = 0; i < n * K; ++i) in[i] = 0x1p-20 * std::fabs(a[i]) + da[i], in_f[i] = f32_up(in[i]);
+  const bool ok = truncation_bound_panel_f32(L, acc, af.data(), hf.data(), lf.data(), K, dcum.data(), n, dec.data(),
+                                             dmag.data(), K, scale.data(), nr, got.data(), nr, in_f.data(),
+                                             abs_got.data());
   RC_TAG(ok ? "float path answered" : "float path declined");
   if (!ok) {
     RC_ASSERT(mag > 0x1p60);
     return;
   }
-  const Margins envelope{0x1p-20, 0x1p-20, 0x1p-146, true};
+  const Margins envelope{0x1p-20, 0x1p-20, 0x1p-146, true, 0x1p-14, 0x1p-130};
   double excess = 0;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t o = 0; o < nr; ++o) {
@@ -301,6 +321,13 @@ RC_GTEST_PROP(TruncationBound, Float32PathIsAnUpperBoundOfTheDoubleOne, ()) {
       RC_ASSERT(g >= lo_b * (1 - 1e-12));
       RC_ASSERT(g <= hi_b * (1 + 1e-12));
       if (lo_b > 0) excess = std::max(excess, g / lo_b - 1);
+      double exact = 0, tiny = 0;
+      for (int64_t k = 0; k < K; ++k) exact += in[i * K + k] * wa[o * K + k], tiny += 0x1p-140 * std::fabs(scale[k / 128]);
+      if (!(abs_got[i * nr + o] >= exact && abs_got[i * nr + o] <= exact * (1 + 0x1p-18) + tiny))
+        RC_LOG() << "row " << i << " weight row " << o << ": magnitude sum " << abs_got[i * nr + o] << ", exact " << exact
+                 << "\n";
+      RC_ASSERT(abs_got[i * nr + o] >= exact);
+      RC_ASSERT(abs_got[i * nr + o] <= exact * (1 + 0x1p-18) + tiny);
     }
   RC_CLASSIFY(excess < 1e-3, "float path within 0.1% of the double one");
 }

@@ -16,11 +16,11 @@ struct BenchShape {
 };
 
 // Float64 reference on a synthetic in-memory layer of this shape (bench_reference.cpp).
-// with_compare: also time what `moecheck compare` adds (budgeted forward + judging one output).
 // compare_models: budget models under which to also time what `moecheck compare` adds (the
-// budgeted forward and the judging of one output); empty: none.
+// budgeted forward and the judging of one output); empty: none. repeat: timed runs of each, in
+// turn (reference, then each model), reported as medians with their spread.
 int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
-                    const std::vector<std::string>& compare_models);
+                    const std::vector<std::string>& compare_models, int repeat);
 
 // `moecheck bench --backend cuda|cublaslt`: the GPU backends' timing (bench_gpu.cpp).
 struct GpuBenchRequest {

@@ -7,6 +7,7 @@
 // shape on already dequantized operands, with as many threads working on independent products as
 // the reference uses: the ceiling the reference's own GEMMs could reach.
 #include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
 #include <fstream>
@@ -73,10 +74,16 @@ double measure_gemm_rate(int64_t m, int64_t n, int64_t kdim, int threads) {
   const double tmax = *std::max_element(times.begin(), times.end());
   return double(threads) * reps * 2.0 * double(m) * double(n) * double(kdim) / tmax;
 }
+// The median of a few timings (the mean of the middle two for an even count).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 }  // namespace
 
 int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
-                    const std::vector<std::string>& compare_models) {
+                    const std::vector<std::string>& compare_models, int repeat) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MoeConfig c = shape.config;
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.intermediate_size, B = c.weight_block;
@@ -127,9 +134,36 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   ForwardOptions opt;
   opt.tier = Tier::quantized;
   opt.threads = threads;
-  const auto t0 = Clock::now();
-  const ForwardResult r = moe_forward(p, opt);
-  const double wall = seconds_since(t0);
+  // The reference and each compare model run in turn, `repeat` rounds, so that a slow spell of
+  // the machine falls on all of them alike; the figures are medians (and the ratios are of
+  // medians).
+  std::vector<double> ref_s;
+  std::vector<std::vector<double>> cmp_s(compare_models.size());
+  ForwardResult r;
+  for (int round = 0; round < repeat; ++round) {
+    const auto t0 = Clock::now();
+    r = moe_forward(p, opt);
+    ref_s.push_back(seconds_since(t0));
+    // What `moecheck compare` adds: the budgeted forward and the judging of one output (the
+    // reference's own output rounded to bf16 stands in for a backend's).
+    for (size_t i = 0; i < compare_models.size(); ++i) {
+      const auto tc = Clock::now();
+      CompareOptions copt;
+      copt.model = parse_budget_model(compare_models[i]);
+      ForwardOptions fb = opt;
+      fb.budget = &copt.model;
+      const ForwardResult rb = moe_forward(p, fb);
+      Observation obs;
+      obs.name = "bench";
+      for (double v : rb.output) obs.output.push_back(bf16_round(v));
+      obs.topk_ids = rb.routing.ids;
+      const CompareResult cr = compare_output(p, rb, obs, copt);
+      cmp_s[i].push_back(seconds_since(tc));
+      if (!cr.pass) std::cerr << "bench: the reference's own output failed its " << compare_models[i] << " budget (a bug)\n";
+    }
+    std::cerr << fmt::format("bench reference: round {} of {} done\n", round + 1, repeat);
+  }
+  const double wall = median_of(ref_s);
   const double achieved = r.gemm_flops / wall;
 
   // ---- this machine's float64 GEMM rate on the per-expert shape ----
@@ -138,34 +172,13 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   // For context: a compute-bound square product (the per-expert shape above is memory-bound when
   // its weight is already a double matrix; the reference reads FP8 and dequantizes in cache).
   const double square = measure_gemm_rate(1024, 1024, 1024, threads);
-  // What `moecheck compare` adds: the budgeted forward and the judging of one output (the
-  // reference's own output rounded to bf16 stands in for a backend's).
-  struct CompareTime {
-    std::string model;
-    double seconds;
-  };
-  std::vector<CompareTime> compare_times;
-  for (const std::string& model_name : compare_models) {
-    const auto tc = Clock::now();
-    CompareOptions copt;
-    copt.model = parse_budget_model(model_name);
-    ForwardOptions fb = opt;
-    fb.budget = &copt.model;
-    const ForwardResult rb = moe_forward(p, fb);
-    Observation obs;
-    obs.name = "bench";
-    for (double v : rb.output) obs.output.push_back(bf16_round(v));
-    obs.topk_ids = rb.routing.ids;
-    const CompareResult cr = compare_output(p, rb, obs, copt);
-    compare_times.push_back({model_name, seconds_since(tc)});
-    if (!cr.pass) std::cerr << "bench: the reference's own output failed its " << model_name << " budget (a bug)\n";
-  }
   const double rss = peak_rss_bytes();
   const double bound = fp8_bytes + 1024.0 * 1024 * 1024;
 
   fmt::print("bench reference: {} tokens={} experts run={} (generation {:.1f} s, not timed)\n", shape.name, tokens,
              r.experts_run, gen_s);
-  fmt::print("  wall time            {:10.3f} s\n", wall);
+  fmt::print("  wall time            {:10.3f} s (median of {}, range {:.3f} - {:.3f})\n", wall, repeat,
+             *std::min_element(ref_s.begin(), ref_s.end()), *std::max_element(ref_s.begin(), ref_s.end()));
   fmt::print("  GEMM work            {:10.1f} GFLOP\n", r.gemm_flops * 1e-9);
   fmt::print("  achieved             {:10.2f} GFLOP/s (float64)\n", achieved * 1e-9);
   fmt::print("  machine GEMM rate    {:10.2f} GFLOP/s (Eigen double, [{} x {}] x [{} x {}], {} threads)\n", rate * 1e-9,
@@ -173,9 +186,12 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   fmt::print("  ratio                {:10.1f} % of the measured GEMM rate (target >= 70 %)\n", 100 * achieved / rate);
   fmt::print("  square GEMM rate     {:10.2f} GFLOP/s (Eigen double, 1024^3, {} threads): the reference reaches {:.1f} %\n",
              square * 1e-9, threads, 100 * achieved / square);
-  for (const CompareTime& ct : compare_times)
-    fmt::print("  compare, budget model {:<7} {:.3f} s = {:.2f} x the reference's time (target < 3)\n", ct.model,
-               ct.seconds, ct.seconds / wall);
+  for (size_t i = 0; i < compare_models.size(); ++i) {
+    const double t = median_of(cmp_s[i]);
+    fmt::print("  compare, budget model {:<7} {:.3f} s = {:.2f} x the reference's time (target < 3; range {:.3f} - {:.3f} s)\n",
+               compare_models[i], t, t / wall, *std::min_element(cmp_s[i].begin(), cmp_s[i].end()),
+               *std::max_element(cmp_s[i].begin(), cmp_s[i].end()));
+  }
   fmt::print("  peak RSS             {:10.2f} GiB (bound: FP8 bytes {:.2f} GiB + 1 GiB = {:.2f} GiB) {}\n",
              rss / (1 << 30), fp8_bytes / (1 << 30), bound / (1 << 30), rss <= bound ? "ok" : "OVER");
   return 0;

@@ -1,6 +1,6 @@
 // `moecheck bench --backend cuda|cublaslt [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
 // the GPU backends' timing (tools/bench_gpu.cpp); `moecheck bench reference [--preset NAME]
-// [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...]`: figures of the float64 reference on a
+// [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...] [--repeat N]`: figures of the float64 reference on a
 // synthetic layer of a real model's shape (tools/bench_reference.cpp).
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
@@ -38,6 +38,7 @@ void register_bench(CLI::App& app) {
     int threads = 0;
     bool compare = false;
     std::vector<std::string> models;
+    int repeat = 3;
   };
   auto o = std::make_shared<Opts>();
   ref->add_option("--preset", o->preset, "model preset (moecheck make-case --list-presets)");
@@ -49,13 +50,15 @@ void register_bench(CLI::App& app) {
                   "with --compare: the budget models to time, repeatable (default: fp32 and hopper; " +
                       budget_model_names() + ")")
       ->check(budget_model_validator());
+  ref->add_option("--repeat", o->repeat, "timed runs of each measurement; medians are reported (default 3)")
+      ->check(CLI::Range(1, 100));
   set_runner(ref, [o]() {
     const ModelPreset* p = find_model_preset(o->preset);
     if (!p) throw InputError("", "--preset", "unknown preset '" + o->preset + "'; presets: " + model_preset_names());
     BenchShape shape{std::string(p->name), p->config, p->routing_bias};
     std::vector<std::string> models;
     if (o->compare) models = o->models.empty() ? std::vector<std::string>{"fp32", "hopper"} : o->models;
-    return bench_reference(shape, o->tokens, o->seed, o->threads, models);
+    return bench_reference(shape, o->tokens, o->seed, o->threads, models, o->repeat);
   });
 }
 
