@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <functional>
 #include <set>
 
 #include <fmt/format.h>
@@ -12,6 +14,8 @@
 #include "golden/generator_data.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_budget.hpp"
+#include "reference/moe_routing.hpp"
 
 namespace moecheck {
 
@@ -137,6 +141,47 @@ std::string make_case_command(const GeneratorOptions& o, const std::string& out_
   return s;
 }
 
+namespace {
+// Near-tie partners of one token (BUDGETS.md §6): the experts a correct backend may choose
+// instead of the reference's, which `compare` then re-runs the token with, so a routed-only case
+// must store them too. Generous on purpose (4 times the default budget's score uncertainty
+// delta): every unchosen expert of the kept groups whose selection score is within 2 delta of
+// the weakest chosen one, and every expert of a group whose score is within 4 delta of the
+// weakest kept group (the relaxation judge_topk accepts; moe_routing.hpp).
+std::vector<int64_t> near_tie_partners(const MoeConfig& g, const float* logits, const float* bias, const int32_t* ids) {
+  const TokenScores s = selection_scores(g, logits, bias);
+  const double mag = *std::max_element(s.magnitude.begin(), s.magnitude.end());
+  const double delta = 4 * BudgetModel{}.routing_ulps * 0x1p-24 * std::max(mag, 1e-30);
+  const int64_t E = g.num_experts, k = g.top_k;
+  const bool grouped = !s.group_score.empty();
+  const int64_t per_group = grouped ? E / g.n_group : E;
+  double weakest = INFINITY;
+  std::vector<char> chosen(size_t(E), 0), group_kept(size_t(grouped ? g.n_group : 1), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    chosen[size_t(ids[j])] = 1, weakest = std::min(weakest, s.sel[size_t(ids[j])]);
+    if (grouped) group_kept[size_t(ids[j] / per_group)] = 1;
+  }
+  std::vector<int64_t> out;
+  if (grouped) {
+    // The kept groups are those with the top topk_group scores; the chosen experts' groups are
+    // among them, and any group within 4 delta of the weakest kept one may replace it.
+    std::vector<double> gs = s.group_score;
+    std::vector<double> sorted = gs;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const double weakest_group = sorted[size_t(std::min<int64_t>(g.topk_group, g.n_group) - 1)];
+    for (int64_t q = 0; q < g.n_group; ++q)
+      if (gs[size_t(q)] >= weakest_group) group_kept[size_t(q)] = 1;
+    for (int64_t q = 0; q < g.n_group; ++q)
+      if (!group_kept[size_t(q)] && gs[size_t(q)] >= weakest_group - 4 * delta)
+        for (int64_t e = q * per_group; e < (q + 1) * per_group; ++e) out.push_back(e);
+  }
+  for (int64_t e = 0; e < E; ++e)
+    if (!chosen[size_t(e)] && (!grouped || group_kept[size_t(e / per_group)]) && s.sel[size_t(e)] >= weakest - 2 * delta)
+      out.push_back(e);
+  return out;
+}
+}  // namespace
+
 CasePlan plan_case(const GeneratorOptions& o, const std::string& out_path) {
   const ModelPreset* preset = find_model_preset(o.preset);
   check_options(o, preset);
@@ -174,6 +219,10 @@ CasePlan plan_case(const GeneratorOptions& o, const std::string& out_path) {
     std::set<int64_t> used;
     for (int32_t id : p.routing.ids)
       if (id >= lo && id < hi) used.insert(id);
+    for (int64_t t = 0; t < o.tokens; ++t)
+      for (int64_t e : near_tie_partners(g, p.logits.data() + t * g.num_experts, p.bias.empty() ? nullptr : p.bias.data(),
+                                         &p.routing.ids[size_t(t * g.top_k)]))
+        if (e >= lo && e < hi) used.insert(e);
     if (used.empty()) used.insert(lo);
     p.stored.assign(used.begin(), used.end());
   } else {

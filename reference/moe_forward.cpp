@@ -322,6 +322,9 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
     if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr;  // BUDGETS.md §2.1
+    // Gradual underflow (BUDGETS.md §2): each of the ceil(H/B) promotion FFMAs may err by half a
+    // float32 subnormal step beyond its relative bound.
+    if (budget) s.dx.array() += double(ceil_div(H, B)) * 0x1p-149;
   }
   const int64_t gate0 = c.gate_up_layout == GateUpLayout::gate_up ? 0 : I;
   const int64_t up0 = I - gate0;
@@ -372,6 +375,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
     if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr;  // BUDGETS.md §2.1
+    if (budget) s.dy.array() += double(ceil_div(I, B)) * 0x1p-149;  // underflow, as for GEMM1
   }
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
@@ -591,7 +595,9 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
         const double* dy = slot_budget + (tl * k + j) * H;
         for (int64_t i = 0; i < H; ++i) {
           const double ay = std::fabs(y[i]) + dy[i];
-          e[i] += std::fabs(wj) * dy[i] + dw * ay + gk * (std::fabs(wj) + dw) * ay;
+          // + 2^-149: the float32 product w_j y_j may underflow (half a subnormal step, rounded
+          // up to a whole one; the sum's additions are exact in the subnormal range).
+          e[i] += std::fabs(wj) * dy[i] + dw * ay + gk * (std::fabs(wj) + dw) * ay + 0x1p-149;
         }
       }
       if (model)

@@ -16,6 +16,8 @@
 #include "golden/case_generator.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_budget.hpp"
+#include "reference/moe_routing.hpp"
 #include "tests/generator_test_support.hpp"
 
 namespace moecheck {
@@ -95,6 +97,44 @@ TEST(CaseGeneratorFeatures, BigPresetsPlanRealShapes) {
     EXPECT_EQ(plan.expert_bytes(), p.expert_bytes());
     EXPECT_TRUE(std::is_sorted(plan.stored.begin(), plan.stored.end()));
   }
+}
+
+// A routed-only case must also store the experts a correct backend may pick at a near-tie
+// (compare re-runs such a token with the backend's experts): every expert that a single swap
+// brings into a top-k that judge_topk accepts under the default budget's score uncertainty.
+TEST(CaseGeneratorFeatures, RoutedOnlyStoresNearTiePartners) {
+  int64_t partners = 0;
+  for (const char* name : {"deepseek-v3", "kimi-k2", "glm-4.5"}) {
+    GeneratorOptions o = opts(name, 8, 5);
+    o.routed_only = true;
+    o.near_ties = true;
+    const CasePlan plan = plan_case(o, "unused.h5");
+    const MoeConfig& c = plan.header.config;
+    SCOPED_TRACE(name);
+    const std::set<int64_t> stored(plan.stored.begin(), plan.stored.end());
+    std::set<int64_t> routed;
+    for (int32_t id : plan.routing.ids) routed.insert(id);
+    for (int64_t t = 0; t < o.tokens; ++t) {
+      const TokenScores s =
+          selection_scores(c, &plan.logits[size_t(t * c.num_experts)], plan.bias.empty() ? nullptr : plan.bias.data());
+      const double mag = *std::max_element(s.magnitude.begin(), s.magnitude.end());
+      const double delta = BudgetModel{}.routing_ulps * 0x1p-24 * std::max(mag, 1e-30);
+      const std::vector<int32_t> ids(&plan.routing.ids[size_t(t * c.top_k)], &plan.routing.ids[size_t((t + 1) * c.top_k)]);
+      for (int32_t e = 0; e < c.num_experts; ++e) {
+        if (std::find(ids.begin(), ids.end(), e) != ids.end()) continue;
+        for (int64_t j = 0; j < c.top_k; ++j) {
+          std::vector<int32_t> trial = ids;
+          trial[size_t(j)] = e;
+          if (!judge_topk(c, s, trial, delta).valid) continue;
+          EXPECT_TRUE(stored.count(e)) << "token " << t << ": expert " << e << " may replace " << ids[size_t(j)];
+          partners += !routed.count(e);
+          break;
+        }
+      }
+    }
+  }
+  std::printf("[ info ] %lld near-tie partners stored beside the routed experts\n", static_cast<long long>(partners));
+  EXPECT_GT(partners, 0);  // the planted near-ties produce some: the check above is not vacuous
 }
 
 TEST(CaseGeneratorFeatures, OneRealSizeExpertOfBigPresetsIsValid) {

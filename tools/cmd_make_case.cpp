@@ -143,7 +143,8 @@ void register_make_case(CLI::App& app) {
   sub->add_option("--ep-rank", o->g.ep_rank, "this case's EP rank in [0, --ep)");
   sub->add_option("--dist", o->dist, "realistic (default) | uniform | adversarial");
   sub->add_flag("--near-ties", o->g.near_ties, "plant exact ties and 1-ulp near-ties at the k-th routing place");
-  sub->add_flag("--routed-only", o->g.routed_only, "store only the local experts that some token routes to");
+  sub->add_flag("--routed-only", o->g.routed_only,
+                "store only the local experts that some token routes to (and their near-tie partners)");
   sub->add_option("--experts-limit", o->g.experts_limit, "store at most N of the chosen experts (for tests)");
   sub->add_option("--scale-format", o->scale_format, "weight block scales: f32 (default) | ue8m0");
   sub->add_option("--intermediate-dtype", o->intermediate_dtype, "/config intermediate_dtype: f32 (default) | bf16");
