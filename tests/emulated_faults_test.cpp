@@ -247,7 +247,13 @@ RC_GTEST_PROP(EmulatedFaultProps, AlwaysTriggeredFaultsChangeResults, ()) {
   const Fault f = *rc::gen::element(Fault::gate_up_swap, Fault::scaling_factor_missing, Fault::act_scale_transposed,
                                     Fault::weight_scale_transposed, Fault::empty_expert_garbage, Fault::no_renormalize);
   const uint64_t seed = *rc::gen::arbitrary<uint32_t>();
-  const FaultCase r = layer(base_config(), *rc::gen::inRange(2, 12), seed, true);
+  const MoeConfig c = base_config();
+  const int tokens = *rc::gen::inRange(2, 12);
+  // Reading a square [T, H/128] scale matrix transposed is a no-op when it is symmetric (two
+  // tokens whose off-diagonal group scales agree: found with T = 2 after 1287 cases); the fault
+  // is only always visible for T != H/128.
+  RC_PRE(f != Fault::act_scale_transposed || tokens != c.hidden_size / 128);
+  const FaultCase r = layer(c, tokens, seed, true);
   RC_ASSERT(!same(run(r, Fault::none), run(r, f)));
 }
 
