@@ -30,6 +30,7 @@
 
 namespace moecheck::cli {
 
+#ifdef MOECHECK_HAVE_CUDA
 namespace {
 struct Datasheet {
   double fp8_tflops = 0, f16_tflops = 0, hbm_gbs = 0;
@@ -41,6 +42,7 @@ Datasheet datasheet_for(const std::string& device) {
   return {};
 }
 }  // namespace
+#endif
 
 int bench_gpu(const GpuBenchRequest& q) {
 #ifndef MOECHECK_HAVE_CUDA

@@ -60,7 +60,7 @@ BudgetModel parse_budget_model(const std::string& name) {
 
 std::string budget_model_name(const AccumulatorModel& acc) {
   if (acc.kept_bits == 24 && !acc.truncating) return "fp32";
-  if (acc.kept_bits == 14 && acc.truncating && acc.instr_k == 32) return "hopper";
+  if (acc == AccumulatorModel::hopper_tensor_core()) return "hopper";
   if (acc.kept_bits == 24 && acc.truncating && acc.instr_k == 4) return "hmma-f32";
   return fmt::format("{}:{}", acc.truncating ? "trunc" : "bits", acc.kept_bits);
 }
