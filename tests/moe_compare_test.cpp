@@ -120,8 +120,11 @@ TEST(Compare, UniformScaleErrorOnOneExpertIsNamed) {
   ASSERT_NE(v, nullptr);
   EXPECT_FALSE(v->bias_ok) << "beta " << v->beta << " se " << v->beta_se;
   EXPECT_NEAR(v->beta, 0.02, 0.005);
-  for (const auto& o : r.experts)
-    if (o.expert != e) EXPECT_TRUE(o.bias_ok) << "expert " << o.expert << " beta " << o.beta;
+  for (const auto& o : r.experts) {
+    if (o.expert != e) {
+      EXPECT_TRUE(o.bias_ok) << "expert " << o.expert << " beta " << o.beta;
+    }
+  }
   EXPECT_TRUE(r.metrics.deepgemm_pass) << "calc_diff " << r.metrics.cos_diff << ": the familiar check misses it";
 }
 
