@@ -165,7 +165,7 @@ std::vector<int64_t> near_tie_partners(const MoeConfig& g, const float* logits, 
   if (grouped) {
     // The kept groups are those with the top topk_group scores; the chosen experts' groups are
     // among them, and any group within 4 delta of the weakest kept one may replace it.
-    std::vector<double> gs = s.group_score;
+    const std::vector<double>& gs = s.group_score;
     std::vector<double> sorted = gs;
     std::sort(sorted.begin(), sorted.end(), std::greater<>());
     const double weakest_group = sorted[size_t(std::min<int64_t>(g.topk_group, g.n_group) - 1)];

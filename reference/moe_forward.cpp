@@ -255,8 +255,9 @@ TruncationProduct prepare_truncation(const ChunkLayout& L, const AccumulatorMode
   TruncationProduct tp{&L, &acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
   tp.af = &s.taf, tp.hf = &s.thf, tp.lf = &s.tlf, tp.rows_f32 = f32;
   tp.panel = {s.tdec.data(), s.tmag.data()};
-  s.tin.resize(size_t(n * K));
-  for (int64_t i = 0; i < n * K; ++i) s.tin[size_t(i)] = f32_up(abs_in.data()[i]);
+  // Only the float pass can fuse the magnitude product (empty: not fused).
+  s.tin.resize(f32 ? size_t(n * K) : 0);
+  for (size_t i = 0; i < s.tin.size(); ++i) s.tin[i] = f32_up(abs_in.data()[i]);
   tp.abs_in = &s.tin;
   return tp;
 }

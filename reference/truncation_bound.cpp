@@ -6,7 +6,6 @@
 #include <bit>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOECHECK_TRUNC_AVX2 1
 #include <immintrin.h>
@@ -213,6 +212,11 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 inline __m128i hsum4i(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
   return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+// All four lanes finite (x - x is 0 exactly for finite x, NaN otherwise).
+inline bool all_finite4(__m256d x) {
+  return _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(x, x), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
 }
 
 constexpr int kMaxBlockChunks = 8;  // blocks of up to 256 = 8 chunks of 32 take the AVX2 kernel
@@ -428,18 +432,18 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
       for (int64_t r = 0; r < n; ++r) {
         const __m256d res = _mm256_loadu_pd(&tot[size_t(4 * r)]);
         _mm256_storeu_pd(err + r * lderr + o_done, res);
-        // finite iff x - x == 0
-        finite &= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(res, res), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+        finite &= all_finite4(res);
         if (in) {
           const __m256d ab = _mm256_loadu_pd(&tabs[size_t(4 * r)]);
           _mm256_storeu_pd(abs_out + r * lderr + o_done, ab);
-          finite &= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_sub_pd(ab, ab), _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+          finite &= all_finite4(ab);
         }
       }
     }
   }
 #endif
-  std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C));
+  std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C)),
+      drift(static_cast<size_t>(C));
   std::vector<float> thr(static_cast<size_t>(C));
   for (int64_t o = o_done; o < nr; ++o) {
     const float* dr = dec + o * ldw;
@@ -463,7 +467,8 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         // (1 + 2^-24) + 2^-150, what the float products' own rounding needs (truncation_bound.hpp).
         thr[c] = static_cast<float>(Gh * (256 * kMaxRel / as) + kAbs);
         const double Th = Gh * double((first ? 0 : 1) + m);
-        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = dc[c] * (as * bmx[size_t(o * nb + b)]);
+        drift[c] = dc[c] * (as * bmx[size_t(o * nb + b)]);
+        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
         Eh += Th + r1 * (std::fabs(Sn) + Dln + Dn + Eh + Th);
         S = Sn, Dl = Dln, D = Dn;
       }
@@ -481,11 +486,11 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
       S = 0, Dl = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
-        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0, b = L.block_of[c];
+        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0;
         if (first) total += E, E = 0, S = 0, Dl = 0, D = 0;
         const double G = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + E);
         const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
-        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = dc[c] * (std::fabs(scale[b]) * bmx[size_t(o * nb + b)]);
+        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
         E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
         S = Sn, Dl = Dln, D = Dn;
       }

@@ -73,9 +73,15 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
   const float* table = fp8_table(Fp8Format::e4m3fn);
   const float* srow = scales + (r0 / B) * kb;
   // The tables: per block column the 256 values decode(q) * s, then their magnitudes. The AVX2
-  // form uses them only for a row's tail (K not a multiple of 8).
+  // form needs them only for segments whose length is not a multiple of 8, so it builds them only
+  // when some block column is such a segment.
+#ifdef MOECHECK_PANEL_AVX2
+  const bool tables = B % 8 != 0 || K % 8 != 0;
+#else
+  const bool tables = true;
+#endif
   lut.resize(static_cast<size_t>(kb) * 512);
-  for (int64_t c = 0; c < kb; ++c) {
+  for (int64_t c = 0; tables && c < kb; ++c) {
     const double s = srow[c];
     for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s, lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
   }

@@ -6,8 +6,8 @@
 // double; |w| is exact too. The float operands are the codes' values without the scale, exact in
 // float: dec = decode(q) and mag = dec != 0 ? |dec| : NaN (truncation_bound.hpp: NaN marks a
 // product known to be zero). The NaN codes (S.1111.111) decode to NaN, which the callers' checks
-// then see. Every form (the portable table lookup, the AVX2
-// arithmetic decode) produces the same values (NaN payloads aside); tests/weight_panel_test.cpp checks all 256 codes.
+// then see. Every form (the portable table lookup, the AVX2 arithmetic decode) produces the same
+// values (NaN payloads aside); tests/weight_panel_test.cpp checks all 256 codes.
 #pragma once
 
 #include <cstdint>
