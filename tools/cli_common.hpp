@@ -36,5 +36,6 @@ void register_shrink(CLI::App& app);
 void register_repro(CLI::App& app);
 void register_faults(CLI::App& app);
 void register_dump(CLI::App& app);
+void register_probe(CLI::App& app);
 
 }  // namespace moecheck::cli

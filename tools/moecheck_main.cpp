@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     cli::register_repro(app);
     cli::register_faults(app);
     cli::register_dump(app);
+    cli::register_probe(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
