@@ -22,18 +22,17 @@ namespace moecheck {
 // How the backend accumulates the products of one 128-wide K block (BUDGETS.md §2).
 struct AccumulatorModel {
   // Significant bits the accumulator keeps. 24 = IEEE float32 with round-to-nearest (CPU,
-  // CUDA-core FFMA); Hopper FP8 tensor cores keep about 13-14 and truncate (NUMERICS.md §3).
+  // CUDA-core FFMA); Hopper FP8 tensor cores keep 14 and truncate (hopper_tensor_core()).
   int kept_bits = 24;
   bool truncating = false;  // true: each addition's terms are aligned to the largest and truncated
   int instr_k = 32;         // products summed per tensor-core instruction (k32 for FP8 MMA)
 
   static AccumulatorModel fp32() { return {24, false, 32}; }
-  // 12 kept bits, fitted to measurements (BUDGETS.md §2.1): on an H200, cuBLASLt's FP8
-  // block-scaled GEMMs exceeded the chunked bound with p = 14 on 11 of 2156 gate sweep cases
-  // (per-slot ratios up to 2.4) and with p = 13 on 1 of 3468 more (1.05); p = 12 holds on all
-  // 5624 (at most 0.65). The literature says 13-14 ("14 bits including the sign", ThunderKittens
-  // #138; FP22 e8m13, SageAttention2): the part of the device's error our model misses is open.
-  static AccumulatorModel hopper_tensor_core() { return {12, true, 32}; }
+  // Hopper FP8 wgmma, derived from the model `moecheck probe` measured on an H200
+  // (TensorCoreModel::hopper_wgmma, BUDGETS.md §2.1): terms cut 13 bits below the largest
+  // exponent-field sum (a grid of 2^(1-14) of the alignment magnitude), the result cut to 14
+  // significant bits: 14 kept bits, truncating, 32 products per instruction.
+  static AccumulatorModel hopper_tensor_core() { return {14, true, 32}; }
   // FP8 converted to f16 and summed by HMMA with a float32 accumulator (what mma.sync e4m3
   // lowers to on sm_90: F2FP unpack + HMMA.16816.F32, seen in our kernels' SASS): modelled as a
   // 24-bit truncating aligned sum over chunks of 4 products (Fasi, Higham, Mikaitis, Pranesh,

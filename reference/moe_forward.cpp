@@ -54,10 +54,16 @@ constexpr int64_t kPanelRows = 32;
 
 // The float operands of the truncation bound's fast path (truncation_bound.hpp): the panel's
 // e4m3 values dec and mag = |dec| (NaN where zero), [kPanelRows, K] each.
+// maga: their alignment magnitudes max(|dec|, 2^-6) (NaN where zero; truncation_bound.hpp).
 struct Float32Panel {
   float* dec;
   float* mag;
+  float* maga;
 };
+
+// The weights' alignment magnitude A(w) (truncation_bound.hpp): an e4m3 subnormal code aligns as
+// 2^-6 of its block's scale.
+constexpr double kSubnormalAlign = 0x1p-6;
 
 // Products computed from the same dequantized panels as the main one (the budgets' extras):
 // abs: out = in * |W|^T, the sums of magnitudes; back: back = out * W [n, K], the main product's
@@ -87,6 +93,7 @@ struct TruncationProduct {
   const std::vector<float>* abs_in = nullptr;
   bool rows_f32 = false;
   Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
+  std::vector<double>* walign = nullptr;  // buffer for the double path's A(w) panel
 };
 struct PanelExtras {
   AbsProduct abs[2];
@@ -127,6 +134,9 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     WeightPanelOut dst{panel.data(), ex.n_abs && !fuse_abs ? abs_panel->data() : nullptr};
     if (f32) dst.dec = f32->dec, dst.mag = f32->mag;
     dequant_panel(codes, scales, K, B, r0, nr, dst, lut);
+    if (f32)
+      for (int64_t i = 0; i < nr * K; ++i)
+        f32->maga[i] = std::isnan(f32->mag[i]) ? f32->mag[i] : std::max(f32->mag[i], float(kSubnormalAlign));
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
@@ -147,15 +157,25 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
         fast = truncation_bound_panel_f32(*t->layout, *t->acc, t->af->data(), t->hf->data(), t->lf->data(), K,
                                           t->dcum->data(), a.rows(), f32->dec, f32->mag, K, srow, nr,
                                           t->err->data() + r0, N, fuse_abs ? t->abs_in->data() : nullptr,
-                                          fuse_abs ? ex.abs[0].out->data() + r0 : nullptr);
+                                          fuse_abs ? ex.abs[0].out->data() + r0 : nullptr, f32->maga);
       }
       if (fuse_abs && !fast) dequant_panel(codes, scales, K, B, r0, nr, {panel.data(), abs_panel->data()}, lut);
       ConstRowMap wa(abs_panel->data(), nr, K);
       for (int i = fuse_abs && fast ? 1 : 0; i < ex.n_abs; ++i)
         ex.abs[i].out->middleCols(r0, nr).noalias() = *ex.abs[i].in * wa.transpose();
-      if (t && !fast)
+      if (t && !fast) {
+        std::vector<double>& wal = *t->walign;
+        wal.resize(size_t(nr * K));
+        const float* srow = scales + (r0 / B) * ceil_div(K, B);
+        for (int64_t o = 0; o < nr; ++o)
+          for (int64_t kk = 0; kk < K; ++kk) {
+            const double m = (*abs_panel)[size_t(o * K + kk)];
+            wal[size_t(o * K + kk)] = m > 0 ? std::max(m, kSubnormalAlign * std::fabs(double(srow[kk / B]))) : 0.0;
+          }
         truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(),
-                               a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch);
+                               a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch,
+                               wal.data());
+      }
     }
     r0 += nr;
   }
@@ -172,7 +192,9 @@ struct Scratch {
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   std::vector<double> panel, lut, abs_panel, tscratch;
-  std::vector<float> taf, thf, tlf, tin, tdec, tmag;  // truncation bound, float path: rows, panel
+  std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
+  RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
+  std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
   std::vector<double> ilo, ihi, iref, idev;
   std::vector<std::vector<std::pair<int64_t, double>>> flips;  // per row: (i, dh_i) of flip-able h
   std::vector<float> hrow;
@@ -246,15 +268,17 @@ TruncationProduct prepare_truncation(const ChunkLayout& L, const AccumulatorMode
   bool f32 = true;
   for (int64_t r = 0; r < n; ++r) {
     truncation_row_inputs(L, a.row(r).data(), dev_of(r), s.thi.row(r).data(), s.tlo.row(r).data(),
-                          s.tdcum.row(r).data());
+                          s.tdcum.row(r).data(), s.tfloor.row(r).data());
     f32 &= truncation_row_inputs_f32(K, a.row(r).data(), s.thi.row(r).data(), s.tlo.row(r).data(),
                                      s.taf.data() + r * K, s.thf.data() + r * K, s.tlf.data() + r * K);
   }
   s.tdec.resize(size_t(kPanelRows * K));
   s.tmag.resize(size_t(kPanelRows * K));
+  s.tmaga.resize(size_t(kPanelRows * K));
   TruncationProduct tp{&L, &acc, &s.thi, &s.tlo, &s.tdcum, &s.terr, &s.tscratch};
   tp.af = &s.taf, tp.hf = &s.thf, tp.lf = &s.tlf, tp.rows_f32 = f32;
-  tp.panel = {s.tdec.data(), s.tmag.data()};
+  tp.panel = {s.tdec.data(), s.tmag.data(), s.tmaga.data()};
+  tp.walign = &s.twalign;
   // Only the float pass can fuse the magnitude product (empty: not fused).
   s.tin.resize(f32 ? size_t(n * K) : 0);
   for (size_t i = 0; i < s.tin.size(); ++i) s.tin[i] = f32_up(abs_in.data()[i]);
@@ -317,6 +341,13 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
+      // Alignment floors of the activations: 2^-6 of the group scale, doubled for a device scale
+      // one power of two above ours (UE8M0) or a few ulps off (float32).
+      s.tfloor.resize(n, H);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t t = t0 + job.slots[r] / k;
+        for (int64_t i = 0; i < H; ++i) s.tfloor(r, i) = 2 * kSubnormalAlign * double(qh.scales[t * hg + i / G]);
+      }
       tp = prepare_truncation(bc.L1, bc.model->acc, s.a,
                               [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s.da, s);
       ex.trunc = &tp;
@@ -351,6 +382,18 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     group_quantize_row(s.hrow.data(), I, G, c.scale_format, c.act_eps, s.hcodes.data(), s.hscales.data());
     for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
     if (budget) intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
+    if (budget && bc.chunked) {
+      // Alignment floors of h (truncation_bound.hpp): 2^-6 of the largest scale the device may
+      // use for the group, from the group's largest possible amax (the intervals of §4), doubled
+      // for UE8M0's power-of-two step and float32's ulps.
+      s.hfloor.resize(n, I);
+      for (int64_t g0 = 0; g0 < I; g0 += G) {
+        double amax = 0;
+        for (int64_t i = g0; i < std::min(I, g0 + G); ++i) amax = std::max({amax, std::fabs(s.ilo[i]), std::fabs(s.ihi[i])});
+        const double sc = std::max(double(s.hscales[g0 / G]), std::max(amax, double(c.act_eps)) / 448.0);
+        for (int64_t i = g0; i < std::min(I, g0 + G); ++i) s.hfloor(r, i) = 2 * kSubnormalAlign * sc;
+      }
+    }
     if (bc.ideal) {
       // The ideal h = silu(g) u with g, u within qx of this tier's unrounded GEMM1 outputs;
       // its distance from the re-quantized h^ that GEMM2 uses here.
@@ -371,6 +414,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
+      s.tfloor = s.hfloor;
       tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s.dh, s);
       ex.trunc = &tp;
     }

@@ -33,13 +33,14 @@ ChunkLayout::ChunkLayout(int64_t K_, int64_t block_, int64_t m_) : K(K_), block(
 }
 
 void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* da, double* hi, double* lo,
-                           double* dcum) {
+                           double* dcum, const double* align_floor) {
   double run = 0;
   for (int64_t c = 0; c < L.chunks(); ++c) {
     if (L.first_in_block[c]) run = 0;
     for (int64_t k = L.start[c]; k < L.start[c + 1]; ++k) {
       const double d = da ? da[k] : 0.0, m = std::fabs(a[k]);
       hi[k] = m + d;
+      if (align_floor && hi[k] > 0) hi[k] = std::max(hi[k], align_floor[k]);
       lo[k] = std::max(m - d, 0.0);
       run += d;
     }
@@ -52,7 +53,7 @@ void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* 
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
-                            std::vector<double>& scratch) {
+                            std::vector<double>& scratch, const double* walign) {
   const int64_t C = L.chunks();
   const int64_t nb = L.block_of.empty() ? 0 : L.block_of.back() + 1;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);  // grid / largest term
@@ -65,6 +66,7 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
   for (int64_t o = 0; o < nr; ++o) {
     const double* wr = w + o * ldw;
     const double* wa = wabs + o * ldw;
+    const double* wal = (walign ? walign : wabs) + o * ldw;  // the chunk maxima's A(w)
     for (int64_t c = 0; c < C; ++c)
       if (L.first_in_block[c]) {
         double x = 0;
@@ -85,7 +87,7 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
         if (first) Eh = 0, S = 0, D = 0;
         const int64_t k0 = L.start[c], k1 = L.start[c + 1];
         double mh = 0, dot = 0;
-        for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hr[k] * wa[k]), dot += ar[k] * wr[k];
+        for (int64_t k = k0; k < k1; ++k) mh = std::max(mh, hr[k] * wal[k]), dot += ar[k] * wr[k];
         mhs[c] = mh, dots[c] = dot;
         const double Gh = g1 * std::max(mh, first ? 0.0 : std::fabs(S) + D + Eh);
         const double Th = Gh * double((first ? 0 : 1) + (k1 - k0));
@@ -255,7 +257,8 @@ struct RowPtrs {
 // for underflow: widened by (1 + 2^-20) and that).
 template <int NR>
 inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* rows, const float* const* dec,
-                   const float* const* mag, const BlockScale& bs, __m256d* out, __m256d* abs_out) {
+                   const float* const* mag, const float* const* maga, const BlockScale& bs, __m256d* out,
+                   __m256d* abs_out) {
   const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs), srel = _mm256_set1_pd(kSumRel);
   const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
   const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
@@ -270,7 +273,7 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
     __m256 mx[NR][4], dt[NR][4], ab[NR][4];
     for (int q = 0; q < 4; ++q) {
       __m256 u[4], v[4];
-      for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(mag[q] + k + 8 * i), v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
+      for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(maga[q] + k + 8 * i), v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
       for (int r = 0; r < NR; ++r) {
         const float* h = rows[r].hf + k;
         const float* x = rows[r].af + k;
@@ -362,8 +365,9 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
 bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
-                                int64_t lderr, const float* in, double* abs_out) {
+                                int64_t lderr, const float* in, double* abs_out, const float* maga) {
   const int64_t C = L.chunks();
+  if (!maga) maga = mag;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);
   const double r1 = g1 + kU32;
   bool finite = true;
@@ -398,7 +402,9 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
     for (; o_done + 4 <= nr; o_done += 4) {
       const float* dq[4];
       const float* mq[4];
-      for (int q = 0; q < 4; ++q) dq[q] = dec + (o_done + q) * ldw, mq[q] = mag + (o_done + q) * ldw;
+      const float* aq[4];
+      for (int q = 0; q < 4; ++q)
+        dq[q] = dec + (o_done + q) * ldw, mq[q] = mag + (o_done + q) * ldw, aq[q] = maga + (o_done + q) * ldw;
       std::fill(tot.begin(), tot.end(), 0.0);
       std::fill(tabs.begin(), tabs.end(), 0.0);
       for (int64_t b = 0; b < nb; ++b) {
@@ -415,7 +421,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
           const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
           __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
-          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, bs, e, ab);
+          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab);
           for (int i = 0; i < 2; ++i) {
             add4(&tot[size_t(4 * (r + i))], e[i]);
             if (in) add4(&tabs[size_t(4 * (r + i))], ab[i]);
@@ -424,7 +430,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         if (r < n) {
           const RowPtrs rp[1] = {row(r, c0)};
           __m256d e[1], ab[1] = {_mm256_setzero_pd()};
-          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, bs, e, ab);
+          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab);
           add4(&tot[size_t(4 * r)], e[0]);
           if (in) add4(&tabs[size_t(4 * r)], ab[0]);
         }
@@ -448,6 +454,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
   for (int64_t o = o_done; o < nr; ++o) {
     const float* dr = dec + o * ldw;
     const float* mr = mag + o * ldw;
+    const float* mar = maga + o * ldw;
     for (int64_t r = 0; r < n; ++r) {
       const float* ar = af + r * lda;
       const float* hr = hf + r * lda;
@@ -460,7 +467,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         const int64_t k0 = L.start[c], m = L.start[c + 1] - k0, b = L.block_of[c];
         const double s = scale[b], as = std::fabs(s);
         if (first) Eh = 0, S = 0, Dl = 0, D = 0;
-        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mr + k0, m);
+        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mar + k0, m);
         mhs[c] = as * (double(cs.mx) * kMaxRel + kAbs), dots[c] = s * cs.dot, dls[c] = kSumRel * mhs[c] + kSumAbs * as;
         const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
         // Rounded to nearest, y = 256 G^ (1 + 2^-22) / |s| + 2^-148 becomes >= 256 G^ / |s|

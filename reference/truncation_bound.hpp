@@ -56,19 +56,31 @@ struct ChunkLayout {
   int64_t chunks() const { return int64_t(block_of.size()); }
 };
 
+// Alignment magnitude (BUDGETS.md §2.1, "Exponent-field alignment"). The hardware aligns to the
+// largest exponent-FIELD sum e(a) + e(b), not to the largest product: an e4m3 subnormal has field
+// exponent -6 and a significand below 1, so its products can set a grid up to 8 times (64 for two
+// subnormals) coarser than their own size. The bound therefore takes the chunk's largest term as
+// max_k A(a_k) A(w_k) with A(x) = max(|x|, 2^-6 s) for x != 0 (s the operand's scale: 2^-6 s is
+// the alignment magnitude of every subnormal code), and A(x) = |x| for normal codes.
+//
 // Per-row inputs of the bound for one operand row a[K] whose device value may deviate by da[K]
-// (nullptr: no deviation): hi[k] = |a_k| + da_k, lo[k] = max(|a_k| - da_k, 0), and dcum[c] = sum
-// of da over the block of chunk c, through chunk c (layout.chunks() values).
+// (nullptr: no deviation): hi[k] = |a_k| + da_k, raised to align_floor[k] where hi[k] > 0 (the
+// row's A floor, 2^-6 times the largest scale the device may use for k's group; nullptr: none),
+// lo[k] = max(|a_k| - da_k, 0), and dcum[c] = sum of da over the block of chunk c, through chunk
+// c (layout.chunks() values). hi only enters the chunk maxima (and hi > 0 marks possibly nonzero
+// operands), so the floor loosens nothing else.
 void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* da, double* hi, double* lo,
-                           double* dcum);
+                           double* dcum, const double* align_floor = nullptr);
 
 // err[r * lderr + o] = sum over blocks of E_b for rows r < n of a (row stride lda) against rows
 // o < nr of the weight panel w (stride ldw; wabs = |w|, same layout). hi, lo (stride lda) and
-// dcum (stride L.chunks()): the rows' truncation_row_inputs. scratch is resized as needed.
+// dcum (stride L.chunks()): the rows' truncation_row_inputs. walign: the weights' alignment
+// magnitudes A(w) (same layout; nullptr: wabs), used for the chunk maxima only. scratch is
+// resized as needed.
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
-                            std::vector<double>& scratch);
+                            std::vector<double>& scratch, const double* walign = nullptr);
 
 // ---- float32 fast path ----------------------------------------------------------------------
 // The same bound evaluated in float32 (8 lanes per AVX2 register instead of 4, a quarter of the
@@ -109,9 +121,12 @@ bool truncation_row_inputs_f32(int64_t K, const double* a, const double* hi, con
 // the budget needs beside the bound, from the same pass over the operands (float sums widened by
 // (1 + 2^-20) and 2^-144 |s| per chunk: gamma_7 and underflow). False when a non-finite value
 // arose (err and abs_out are then unspecified).
+// maga: the weights' alignment magnitudes in the code domain, max(|dec|, 2^-6) (NaN where dec =
+// 0; nullptr: mag), used for the chunk maxima only.
 bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
-                                int64_t lderr, const float* in = nullptr, double* abs_out = nullptr);
+                                int64_t lderr, const float* in = nullptr, double* abs_out = nullptr,
+                                const float* maga = nullptr);
 
 }  // namespace moecheck

@@ -22,35 +22,50 @@ std::string utc_now() {
 }
 }  // namespace
 
-BackendOutput run_backend(const CaseProblem& cp, const std::string& backend, bool expert_outputs,
+BackendName parse_backend_name(const std::string& name) {
+  // "@hopper": the emulated backends with the Hopper wgmma block sums measured by `moecheck probe`.
+  const std::string suffix = "@hopper";
+  BackendName b;
+  b.hopper = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  b.base = b.hopper ? name.substr(0, name.size() - suffix.size()) : name;
+  if (b.faulty()) {
+    const auto f = parse_fault(b.base.substr(7));
+    if (!f || *f == Fault::none) {
+      std::string names;
+      for (Fault x : all_faults()) names += (names.empty() ? "" : ", ") + std::string(to_string(x));
+      throw InputError("", "--backend", fmt::format("unknown fault '{}'; faults: {}", b.base.substr(7), names));
+    }
+  } else if (b.base != "emulated" && !b.gpu()) {
+    throw InputError("", "--backend",
+                     "must be emulated, faulty:<fault> (either with @hopper), cuda or cublaslt, got '" + name + "'");
+  }
+  if (b.hopper && b.gpu())
+    throw InputError("", "--backend", "'@hopper' applies to emulated and faulty:<fault> only, got '" + name + "'");
+  return b;
+}
+
+BackendOutput run_backend(const CaseProblem& cp, const std::string& name, bool expert_outputs,
                           int64_t int32_threshold) {
-  if (backend == "emulated" || backend.rfind("faulty:", 0) == 0) {
+  const BackendName b = parse_backend_name(name);
+  if (!b.gpu()) {
+    static const TensorCoreModel wgmma = TensorCoreModel::hopper_wgmma();
     EmulatedOptions eo;
     eo.expert_outputs = expert_outputs;
+    if (b.hopper) eo.tensor_core = &wgmma;
     if (int32_threshold > 0) eo.int32_overflow_threshold = int32_threshold;
-    if (backend != "emulated") {
-      const auto f = parse_fault(backend.substr(7));
-      if (!f || *f == Fault::none) {
-        std::string names;
-        for (Fault x : all_faults()) names += (names.empty() ? "" : ", ") + std::string(to_string(x));
-        throw InputError("", "--backend", fmt::format("unknown fault '{}'; faults: {}", backend.substr(7), names));
-      }
-      eo.fault = *f;
-    }
+    if (b.faulty()) eo.fault = *parse_fault(b.base.substr(7));
     BackendOutput r = run_emulated(cp.problem(), eo);
-    r.backend = backend;
+    r.backend = name;
     return r;
   }
-  if (backend == "cuda" || backend == "cublaslt") {
 #ifdef MOECHECK_HAVE_CUDA
-    return kernels::run_gpu_backend(cp.problem(), cp.reader().hidden_dtype() == Precision::bf16,
-                                    backend == "cuda" ? kernels::GpuBackend::cuda : kernels::GpuBackend::cublaslt,
-                                    expert_outputs);
+  return kernels::run_gpu_backend(cp.problem(), cp.reader().hidden_dtype() == Precision::bf16,
+                                  b.base == "cuda" ? kernels::GpuBackend::cuda : kernels::GpuBackend::cublaslt,
+                                  expert_outputs);
 #else
-    throw InputError("", "--backend", "this moecheck was built without CUDA (nvcc not found at build time)");
+  (void)cp;
+  throw InputError("", "--backend", "this moecheck was built without CUDA (nvcc not found at build time)");
 #endif
-  }
-  throw InputError("", "--backend", "must be emulated, faulty:<fault>, cuda or cublaslt, got '" + backend + "'");
 }
 
 OutputData to_output_data(const BackendOutput& r) {

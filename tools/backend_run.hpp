@@ -2,7 +2,8 @@
 // and repro judge without writing the output first): the backend by name, and its output in the
 // case format's /outputs/<name> record.
 //
-// Backends: emulated, faulty:<fault> (kernels/emulated/emulated_moe.hpp), cuda and cublaslt
+// Backends: emulated, faulty:<fault> (kernels/emulated/emulated_moe.hpp; with the suffix @hopper,
+// their GEMM block sums are the Hopper wgmma instruction's, bit for bit), cuda and cublaslt
 // (kernels/gpu_backend.hpp; only in a CUDA build, else an InputError naming --backend).
 #pragma once
 
@@ -14,6 +15,18 @@
 #include "kernels/backend_output.hpp"
 
 namespace moecheck::cli {
+
+// A backend name taken apart: base "emulated", "faulty:<fault>", "cuda" or "cublaslt", and
+// whether "@hopper" followed (the emulated ones only). InputError naming --backend otherwise.
+struct BackendName {
+  std::string base;
+  bool hopper = false;
+  bool gpu() const { return base == "cuda" || base == "cublaslt"; }
+  bool faulty() const { return base.rfind("faulty:", 0) == 0; }
+  // The correct backend with the same numerics: "emulated" (plus "@hopper").
+  std::string correct() const { return hopper ? "emulated@hopper" : "emulated"; }
+};
+BackendName parse_backend_name(const std::string& name);
 
 // Runs `backend` on the case. int32_threshold > 0: faulty:int32_overflow's wrap index (the
 // emulation's default is 2^31, which tiny cases never reach). InputError for an unknown backend

@@ -151,14 +151,11 @@ int run_gate(GateOptions& o) {
   } else {
     why = "given with --backend";
   }
-  const bool gpu = o.backend == "cuda" || o.backend == "cublaslt";
+  const BackendName bn = parse_backend_name(o.backend);
+  const bool gpu = bn.gpu();
   if (gpu) {
     const GpuAvailability g = gpu_availability();
     if (!g.usable) throw InputError("", "--backend", o.backend + " needs a usable GPU: " + g.why);
-  } else if (o.backend != "emulated") {
-    if (o.backend.rfind("faulty:", 0) != 0) throw InputError("", "--backend", "must be emulated, faulty:<fault>, cuda or cublaslt, got '" + o.backend + "'");
-    const auto f = parse_fault(o.backend.substr(7));
-    if (!f || *f == Fault::none) throw InputError("", "--backend", "unknown fault '" + o.backend.substr(7) + "'");
   }
   std::vector<std::string> presets = o.presets_csv.empty() ? default_sweep_presets(gpu) : split_csv(o.presets_csv);
   for (const std::string& p : presets) {
@@ -167,7 +164,7 @@ int run_gate(GateOptions& o) {
     if (mp->full_size) throw InputError("", "--presets", fmt::format("{} is a full-size layer; the sweep takes tiny presets", p));
   }
   if (o.cases_opt->count() && o.time_opt->count()) throw InputError("", "--time", "give --cases or --time, not both");
-  const bool int32_fault = o.backend == "faulty:int32_overflow";
+  const bool int32_fault = bn.base == "faulty:int32_overflow";
   std::cout << fmt::format("gate: backend {} ({}), seed {}, presets {}\n", o.backend, why, o.seed, fmt::join(presets, ","));
   if (int32_fault && o.int32_threshold == 0)
     std::cout << "gate: faulty:int32_overflow wraps at T*k*H/2 of each case (the real 2^31 needs a huge case)\n";
@@ -256,10 +253,10 @@ int run_gate(GateOptions& o) {
     fl.reason = out.reason;
     fl.make_case = make;
     fl.gate = gate_command(o, o.backend, i);
-    if (o.backend.rfind("faulty:", 0) == 0) {
+    if (bn.faulty()) {
       // Is it the fault's failure? The correct backend on the same case tells.
       CheckOptions ctl = chk;
-      ctl.backend = "emulated";
+      ctl.backend = bn.correct();
       if (check_case(path, ctl).status != CheckStatus::pass) {
         fl.reason += " [emulated fails on this case too: not this fault's doing]";
         ++control_failed;
@@ -390,7 +387,9 @@ int run_gate(GateOptions& o) {
 void register_gate(CLI::App& app) {
   auto o = std::make_shared<GateOptions>();
   auto* sub = app.add_subcommand("gate", "property sweep + golden corpus against a backend (what CI runs)");
-  sub->add_option("--backend", o->backend, "emulated | faulty:<fault> | cuda | cublaslt (default: cuda with a GPU, else emulated)");
+  sub->add_option("--backend", o->backend,
+                  "emulated | faulty:<fault> (either with @hopper: Hopper wgmma block sums) | cuda | cublaslt "
+                  "(default: cuda with a GPU, else emulated)");
   o->cases_opt = sub->add_option("--cases", o->cases, "sweep cases to run (default 100)");
   o->time_opt = sub->add_option("--time", o->time, "run sweep cases until S seconds have passed");
   sub->add_option("--seed", o->seed, "seed of the sweep (default 1); case i of seed S is always the same case");

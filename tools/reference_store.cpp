@@ -66,7 +66,8 @@ std::string budget_model_name(const AccumulatorModel& acc) {
 }
 
 std::string default_budget_model(const std::string& backend) {
-  if (backend == "emulated" || backend.rfind("faulty:", 0) == 0) return "fp32";
+  const bool emulated = backend.rfind("emulated", 0) == 0 || backend.rfind("faulty:", 0) == 0;
+  if (emulated) return backend.find("@hopper") != std::string::npos ? "hopper" : "fp32";
   if (backend == "cuda") return "hmma-f32";
   return "hopper";
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/emulated/emulated_moe.hpp"
+#include "reference/tensor_core_model.hpp"
 #include "reference/moe_config.hpp"
 
 namespace moecheck::emulated {
@@ -43,6 +44,11 @@ void quantize_row(const float* x, int64_t n, int64_t g, const QuantRule& r, uint
 // sa [M, ceil(K/G)], sw [ceil(N/G), ceil(K/G)], both row-major.
 void block_scale_gemm(int64_t M, int64_t N, int64_t K, int64_t G, const float* a, const float* sa, const uint8_t* w,
                       const float* sw, float* C);
+// The same GEMM with each block sum p_b computed by a tensor-core instruction model: the block's
+// products in chained instructions of 32 (zero-padded), the first from zero, as DeepGEMM's and
+// cuBLASLt's FP8 kernels run wgmma; the promotion as above. a holds e4m3 values (exact in float).
+void block_scale_gemm_tc(const TensorCoreModel& tc, int64_t M, int64_t N, int64_t K, int64_t G, const float* a,
+                         const float* sa, const uint8_t* w, const float* sw, float* C);
 // The fixed-order float32 sum of a[i] * b[i], i < n: lane l sums the i = l mod 16 in
 // ascending i, lanes then added pairwise (l + 8, l + 4, l + 2, l + 1).
 float block_dot(const float* a, const float* b, int64_t n);

@@ -56,7 +56,16 @@ struct Layer {
   std::mutex load_mutex;
 
   void run_expert(int64_t wid, const std::vector<int64_t>& slots);
+  // C = block-scaled A W^T with the block sums opt.tensor_core asks for.
+  void gemm(int64_t M, int64_t N, int64_t K, const float* a, const float* sa, const uint8_t* w, const float* sw,
+            float* C) const;
 };
+
+void Layer::gemm(int64_t M, int64_t N, int64_t K, const float* a, const float* sa, const uint8_t* w, const float* sw,
+                 float* C) const {
+  if (opt.tensor_core) emulated::block_scale_gemm_tc(*opt.tensor_core, M, N, K, G, a, sa, w, sw, C);
+  else block_scale_gemm(M, N, K, G, a, sa, w, sw, C);
+}
 
 void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
   const Precision ip = p.config.intermediate_dtype;
@@ -83,7 +92,7 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
 
   // GEMM1, rounded to intermediate_dtype.
   std::vector<float> x(M * 2 * I);
-  block_scale_gemm(M, 2 * I, H, G, a.data(), sa.data(), wt.w13, s13.data(), x.data());
+  gemm(M, 2 * I, H, a.data(), sa.data(), wt.w13, s13.data(), x.data());
   for (float& v : x) v = round_to(v, ip);
 
   // h = silu(gate) * up (float32), rounded; re-quantized per group along I.
@@ -106,7 +115,7 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
 
   // GEMM2 straight into the slots' rows.
   std::vector<float> y(M * H);
-  block_scale_gemm(M, H, I, G, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
+  gemm(M, H, I, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
   // faulty empty_expert_garbage: BUG-CLASSES #11/#13 (rows of a sparsely used expert never written)
   if (wid == garbage_expert) std::fill(y.begin(), y.end(), kGarbage);
   for (int64_t m = 0; m < M; ++m) std::copy_n(y.data() + m * H, H, slot_out.data() + row[slots[m]] * H);
@@ -152,6 +161,7 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   BackendOutput out;
   out.tokens = T, out.hidden = H, out.top_k = k;
   out.backend = opt.fault == Fault::none ? "emulated" : "faulty:" + std::string(to_string(opt.fault));
+  if (opt.tensor_core) out.backend += "@hopper";
   out.device = "cpu (float32 emulation)";
   out.accumulator_bits = 24;
 

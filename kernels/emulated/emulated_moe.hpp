@@ -74,6 +74,7 @@
 
 #include "kernels/backend_output.hpp"
 #include "reference/moe_forward.hpp"  // MoeProblem, ExpertView: the input structs
+#include "reference/tensor_core_model.hpp"
 
 namespace moecheck {
 
@@ -121,6 +122,10 @@ struct EmulatedOptions {
   int threads = 0;              // 0: std::thread::hardware_concurrency(); results never depend on it
   int64_t int32_overflow_threshold = int64_t(1) << 31;  // Fault::int32_overflow only
   EmulatedTrace* trace = nullptr;                        // filled when not null
+  // How each K block's products are summed: nullptr, a fixed-order float32 sum (CUDA-core
+  // code); otherwise chained instructions of this tensor-core model (the wgmma path of
+  // DeepGEMM and cuBLASLt: TensorCoreModel::hopper_wgmma(), backend name suffix "@hopper").
+  const TensorCoreModel* tensor_core = nullptr;
 };
 
 // Runs the layer. Throws InputError (file p.source, "/weights/expert_ids") when a token routes
