@@ -3,6 +3,8 @@
 // The distributions themselves are in generator_data.cpp.
 #include "golden/case_generator.hpp"
 
+#include "golden/engine_recipes.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "golden/engine_recipes.hpp"
 #include "golden/generator_data.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
@@ -134,6 +137,7 @@ std::string make_case_command(const GeneratorOptions& o, const std::string& out_
   if (o.intermediate_dtype != Precision::f32) s += fmt::format(" --intermediate-dtype {}", to_string(o.intermediate_dtype));
   if (o.routing_weight_dtype != Precision::f32)
     s += fmt::format(" --routing-weight-dtype {}", to_string(o.routing_weight_dtype));
+  for (const std::string& r : recipe_settings(o.recipe)) s += " --recipe " + r;
   if (o.gate_up_layout != GateUpLayout::gate_up) s += fmt::format(" --gate-up-layout {}", to_string(o.gate_up_layout));
   if (o.hidden_dtype != Precision::bf16) s += fmt::format(" --hidden-dtype {}", to_string(o.hidden_dtype));
   if (o.bias_dtype != Precision::f32) s += fmt::format(" --bias-dtype {}", to_string(o.bias_dtype));
@@ -197,6 +201,7 @@ CasePlan plan_case(const GeneratorOptions& o, const std::string& out_path) {
   c.scale_format = o.scale_format;
   c.intermediate_dtype = o.intermediate_dtype;
   c.routing_weight_dtype = o.routing_weight_dtype;
+  c.recipe = o.recipe;
   c.intermediate_size = g.intermediate_size / o.tp;
   c.local_num_experts = g.num_experts / o.ep;
   c.local_expert_offset = o.ep_rank * c.local_num_experts;

@@ -51,6 +51,7 @@ struct GeneratorOptions {
   ScaleFormat scale_format = ScaleFormat::f32;
   Precision intermediate_dtype = Precision::f32;
   Precision routing_weight_dtype = Precision::f32;
+  EngineRecipe recipe;                        // /config engine-recipe attributes (FORMAT.md)
   GateUpLayout gate_up_layout = GateUpLayout::gate_up;
   Precision hidden_dtype = Precision::bf16;   // storage of /inputs/hidden_states
   Precision bias_dtype = Precision::f32;      // storage of /inputs/routing_bias (bf16: values rounded first)

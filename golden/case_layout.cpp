@@ -28,6 +28,11 @@ constexpr ConfigAttr kConfigAttrs[] = {
     {"act_eps", AttrKind::real, false},
     {"local_expert_offset", AttrKind::integer, false},
     {"local_num_experts", AttrKind::integer, false},
+    {"combine", AttrKind::text, false},
+    {"act_scale_floor", AttrKind::text, false},
+    {"quant_divide", AttrKind::text, false},
+    {"expert_output_dtype", AttrKind::text, false},
+    {"silu_dtype", AttrKind::text, false},
 };
 
 int64_t* int_field(MoeConfig& c, std::string_view n) {
@@ -72,6 +77,11 @@ std::string config_value_text(const MoeConfig& c, std::string_view n) {
   if (n == "scale_format") return std::string(to_string(c.scale_format));
   if (n == "intermediate_dtype") return std::string(to_string(c.intermediate_dtype));
   if (n == "routing_weight_dtype") return std::string(to_string(c.routing_weight_dtype));
+  if (n == "combine") return std::string(to_string(c.recipe.combine));
+  if (n == "act_scale_floor") return std::string(to_string(c.recipe.act_scale_floor));
+  if (n == "quant_divide") return std::string(to_string(c.recipe.quant_divide));
+  if (n == "expert_output_dtype") return std::string(to_string(c.recipe.expert_output_dtype));
+  if (n == "silu_dtype") return std::string(to_string(c.recipe.silu_dtype));
   return "?";
 }
 
@@ -95,6 +105,12 @@ std::string set_config_text(MoeConfig& c, std::string_view n, const std::string&
   if (n == "scale_format") return set_enum(c.scale_format, parse_scale_format(v), "f32 | ue8m0", v);
   if (n == "intermediate_dtype") return set_enum(c.intermediate_dtype, parse_precision(v), "f32 | bf16", v);
   if (n == "routing_weight_dtype") return set_enum(c.routing_weight_dtype, parse_precision(v), "f32 | bf16", v);
+  EngineRecipe& r = c.recipe;
+  if (n == "combine") return set_enum(r.combine, parse_combine(v), "f32 | bf16_slots | bf16_expert_order", v);
+  if (n == "act_scale_floor") return set_enum(r.act_scale_floor, parse_act_scale_floor(v), "eps | none", v);
+  if (n == "quant_divide") return set_enum(r.quant_divide, parse_quant_divide(v), "divide | reciprocal", v);
+  if (n == "expert_output_dtype") return set_enum(r.expert_output_dtype, parse_precision(v), "f32 | bf16", v);
+  if (n == "silu_dtype") return set_enum(r.silu_dtype, parse_precision(v), "f32 | bf16", v);
   return "not a text attribute";
 }
 

@@ -94,6 +94,15 @@ std::string CaseProblem::input_hash() const {
   h.bytes(ints, sizeof ints);
   h.bytes(&c.routed_scaling_factor, sizeof(double));
   h.bytes(&c.act_eps, sizeof(double));
+  // The recipe enters the hash only when it is not the default, so the stored references of
+  // cases written before recipes existed stay current.
+  if (!c.recipe.is_default()) {
+    const EngineRecipe& r = c.recipe;
+    const int64_t rc[] = {int64_t(r.combine), int64_t(r.act_scale_floor), int64_t(r.quant_divide),
+                          int64_t(r.expert_output_dtype), int64_t(r.silu_dtype)};
+    h.str("recipe");
+    h.bytes(rc, sizeof rc);
+  }
   h.vec(hidden_), h.vec(logits_), h.vec(bias_), h.vec(fp8_.codes), h.vec(fp8_.scales);
   for (int64_t e : reader_->expert_ids()) {
     const ExpertWeights w = reader_->read_expert(e);

@@ -93,11 +93,13 @@ class DataCheck {
     bad.report(out_, p, "must be finite", "value is not finite", "values are not finite");
   }
 
-  // Scale rules: finite and > 0; powers of two for ue8m0.
+  // Scale rules: finite and > 0; powers of two for ue8m0. allow_zero: a 0 is also accepted (an
+  // activation scale under act_scale_floor = none, where an all-zero group has amax / 448 = 0).
   void scales(const std::vector<float>& s, int64_t cols, Tally& bad, Tally& not_pow2,
-              const std::function<std::string(int64_t, int64_t)>& where) const {
+              const std::function<std::string(int64_t, int64_t)>& where, bool allow_zero = false) const {
     for (size_t i = 0; i < s.size(); ++i) {
       const int64_t r = int64_t(i) / cols, c = int64_t(i) % cols;
+      if (allow_zero && s[i] == 0) continue;
       if (!(std::isfinite(s[i]) && s[i] > 0))
         bad.hit([&] { return fmt::format("{}: {}", where(r, c), s[i]); });
       else if (m_.config.scale_format == ScaleFormat::ue8m0 && !is_ue8m0(s[i]))
@@ -105,8 +107,9 @@ class DataCheck {
     }
   }
 
-  void report_scales(const std::string& p, const Tally& bad, const Tally& not_pow2) {
-    bad.report(out_, p, "scales must be finite and > 0", "scale is not", "scales are not");
+  void report_scales(const std::string& p, const Tally& bad, const Tally& not_pow2, bool allow_zero = false) {
+    bad.report(out_, p, allow_zero ? "scales must be finite and >= 0 (0 only for act_scale_floor = none)" : "scales must be finite and > 0",
+               "scale is not", "scales are not");
     not_pow2.report(out_, p, "scale_format = ue8m0 needs powers of two in [2^-127, 2^127]", "scale is not",
                     "scales are not");
   }
@@ -116,6 +119,9 @@ class DataCheck {
     if (!m_.good.count(cp) || !m_.good.count(sp)) return;
     const int64_t H = m_.config.hidden_size, G = ceil_div(H, m_.config.group_size);
     Tally nan_codes, bad, not_pow2;
+    // act_scale_floor = none: a zero group's scale is 0 (its codes must still be numbers: the
+    // 0/0 = NaN codes of an unguarded kernel are refused like any NaN code).
+    const bool no_floor = m_.config.recipe.act_scale_floor == ActScaleFloor::none;
     const int64_t step = rows_per_block(H);
     for (int64_t t0 = 0; t0 < m_.tokens; t0 += step) {
       const int64_t n = std::min(step, m_.tokens - t0);
@@ -124,10 +130,10 @@ class DataCheck {
         if (is_nan_code(q.codes[i]))
           nan_codes.hit([&] { return fmt::format("token {}, column {}", t0 + int64_t(i) / H, int64_t(i) % H); });
       scales(q.scales, G, bad, not_pow2,
-             [&](int64_t r, int64_t c) { return fmt::format("token {}, group {}", t0 + r, c); });
+             [&](int64_t r, int64_t c) { return fmt::format("token {}, group {}", t0 + r, c); }, no_floor);
     }
     nan_codes.report(out_, cp, "must not hold the NaN codes 0x7F/0xFF", "code is NaN", "codes are NaN");
-    report_scales(sp, bad, not_pow2);
+    report_scales(sp, bad, not_pow2, no_floor);
   }
 
   void weights() {

@@ -63,6 +63,19 @@ void quantize_span(const float* x, int64_t n, float s, uint8_t* codes) {
   for (int64_t i = 0; i < n; ++i) codes[i] = e4m3_encode_satfinite(x[i] / s);
 }
 
+// The recipe's form (fp8_quant.hpp): a zero scale gives zero codes; reciprocal multiplies by
+// fl32(1/s) (the float product x * r is exact in double, fl32 rounds it once).
+void quantize_span(const float* x, int64_t n, float s, QuantDivide d, uint8_t* codes) {
+  if (s == 0.0f) {
+    std::fill_n(codes, n, uint8_t(0));
+  } else if (d == QuantDivide::divide) {
+    quantize_span(x, n, s, codes);
+  } else {
+    const float r = fl32(1.0 / double(s));
+    for (int64_t i = 0; i < n; ++i) codes[i] = e4m3_encode_satfinite(fl32(double(x[i]) * double(r)));
+  }
+}
+
 }  // namespace
 
 float group_scale(float amax, ScaleFormat fmt, double eps) {
@@ -73,39 +86,53 @@ float group_scale(float amax, ScaleFormat fmt, double eps) {
   return static_cast<float>(ue8m0_decode(ue8m0_encode_ceil(s)));
 }
 
-void group_quantize_row(const float* x, int64_t cols, int64_t group, ScaleFormat fmt, double eps, uint8_t* codes,
+ActQuantRule act_quant_rule(const MoeConfig& c) {
+  return {c.scale_format, c.act_eps, c.recipe.act_scale_floor, c.recipe.quant_divide};
+}
+
+float group_scale(float amax, const ActQuantRule& r) {
+  if (r.floor == ActScaleFloor::eps) return group_scale(amax, r.format, r.eps);
+  const float s = fl32(static_cast<double>(amax) / kE4m3Max);  // floats: one correct rounding
+  if (r.format == ScaleFormat::f32 || s == 0.0f || std::isnan(s)) return s;
+  return static_cast<float>(ue8m0_decode(ue8m0_encode_ceil(s)));
+}
+
+void group_quantize_row(const float* x, int64_t cols, int64_t group, const ActQuantRule& r, uint8_t* codes,
                         float* scales) {
   check_shape(1, cols, group, "group_quantize_row");
-  check_eps(eps);
-  const int64_t groups = ceil_div(cols, group);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t c0 = g * group;
-    const int64_t n = std::min(group, cols - c0);  // a ragged last group uses only its real columns
-    const float s = group_scale(abs_max(x + c0, n), fmt, eps);
-    scales[g] = s;
-    quantize_span(x + c0, n, s, codes + c0);
+  if (r.floor == ActScaleFloor::eps) check_eps(r.eps);
+  for (int64_t g = 0, c0 = 0; c0 < cols; ++g, c0 += group) {
+    const int64_t n = std::min(group, cols - c0);
+    scales[g] = group_scale(abs_max(x + c0, n), r);
+    quantize_span(x + c0, n, scales[g], r.divide, codes + c0);
   }
+}
+
+GroupQuantized group_quantize(const float* x, int64_t rows, int64_t cols, int64_t group, const ActQuantRule& r) {
+  check_shape(rows, cols, group, "group_quantize");
+  GroupQuantized out;
+  out.rows = rows, out.cols = cols, out.group = group;
+  out.codes.resize(static_cast<size_t>(rows * cols));
+  out.scales.resize(static_cast<size_t>(rows * out.groups()));
+  for (int64_t row = 0; row < rows; ++row)
+    group_quantize_row(x + row * cols, cols, group, r, out.codes.data() + row * cols,
+                       out.scales.data() + row * out.groups());
+  return out;
+}
+
+void group_quantize_row(const float* x, int64_t cols, int64_t group, ScaleFormat fmt, double eps, uint8_t* codes,
+                        float* scales) {
+  check_eps(eps);
+  group_quantize_row(x, cols, group, ActQuantRule{fmt, eps}, codes, scales);
 }
 
 GroupQuantized group_quantize(const float* x, int64_t rows, int64_t cols, int64_t group, ScaleFormat fmt,
                               double eps, ScaleLayout layout) {
   check_shape(rows, cols, group, "group_quantize");
   check_eps(eps);
-  GroupQuantized out;
-  out.rows = rows;
-  out.cols = cols;
-  out.group = group;
+  GroupQuantized out = group_quantize(x, rows, cols, group, ActQuantRule{fmt, eps});
+  if (layout == ScaleLayout::transposed) out.scales = transpose_scales(out.scales, rows, out.groups(), ScaleLayout::row_major);
   out.layout = layout;
-  const int64_t groups = out.groups();
-  out.codes.resize(static_cast<size_t>(rows * cols));
-  std::vector<float> row_scales(static_cast<size_t>(groups));
-  out.scales.resize(static_cast<size_t>(rows * groups));
-  for (int64_t r = 0; r < rows; ++r) {
-    group_quantize_row(x + r * cols, cols, group, fmt, eps, out.codes.data() + r * cols, row_scales.data());
-    for (int64_t g = 0; g < groups; ++g)
-      out.scales[static_cast<size_t>(layout == ScaleLayout::row_major ? r * groups + g : g * rows + r)] =
-          row_scales[static_cast<size_t>(g)];
-  }
   return out;
 }
 

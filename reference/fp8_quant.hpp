@@ -12,6 +12,18 @@
 //   q     = e4m3_satfinite(fl32(x / s))             (fp32 division, then RNE to e4m3, saturating)
 // Scales are float32; with eps > 0 they are always finite and > 0, so an all-zero group gives
 // s = fl32(eps/448) and zero codes.
+//
+// Engine recipes (moe_config.hpp EngineRecipe, BUDGETS.md §9) change two steps of the activation
+// and intermediate rule (ActQuantRule; weights always use the rule above):
+//   act_scale_floor = none:  s = fl32(amax / 448) (ue8m0: its power-of-two ceiling), no eps. An
+//       all-zero group (or one whose amax / 448 underflows float32) has s = 0. DeepSeek's
+//       reference act_quant kernel then computes 0 / 0 = NaN codes; the reference does not
+//       follow it there: it defines that group's codes as 0 (the group dequantizes to 0, what
+//       the layer means and what any floor gives). An engine's NaN there is a bug moecheck
+//       reports (the emulated fault zero_group_nan), not a recipe.
+//   quant_divide = reciprocal:  q = e4m3_satfinite(fl32(x * fl32(1 / s))), evaluated as
+//       fl32(double(x) * fl32(1.0 / s)): 1/s once rounded (double rounding is innocuous for a
+//       quotient of floats), the product of two floats exact in double, then rounded once.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +43,18 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Scale of one group from its amax (rule above).
 float group_scale(float amax, ScaleFormat fmt, double eps);
 
+// The activation / intermediate quantization rule of a case: scale format, eps, and the recipe's
+// floor and division.
+struct ActQuantRule {
+  ScaleFormat format = ScaleFormat::f32;
+  double eps = 1e-10;
+  ActScaleFloor floor = ActScaleFloor::eps;
+  QuantDivide divide = QuantDivide::divide;
+};
+ActQuantRule act_quant_rule(const MoeConfig& c);
+// Scale of one group from its amax under the rule (0 for a zero group without a floor).
+float group_scale(float amax, const ActQuantRule& r);
+
 struct GroupQuantized {
   int64_t rows = 0, cols = 0, group = 0;
   ScaleLayout layout = ScaleLayout::row_major;
@@ -45,8 +69,11 @@ struct GroupQuantized {
 // Quantize x [rows, cols] (row-major float) per (row, group of `group` columns).
 GroupQuantized group_quantize(const float* x, int64_t rows, int64_t cols, int64_t group, ScaleFormat fmt,
                               double eps, ScaleLayout layout = ScaleLayout::row_major);
+GroupQuantized group_quantize(const float* x, int64_t rows, int64_t cols, int64_t group, const ActQuantRule& r);
 // One row into caller buffers: codes[cols], scales[ceil(cols/group)] (contiguous).
 void group_quantize_row(const float* x, int64_t cols, int64_t group, ScaleFormat fmt, double eps, uint8_t* codes,
+                        float* scales);
+void group_quantize_row(const float* x, int64_t cols, int64_t group, const ActQuantRule& r, uint8_t* codes,
                         float* scales);
 
 // Reorder scales between the two layouts.

@@ -81,12 +81,13 @@ Interval product_interval_f32(Interval a, Interval b) {
 }
 
 namespace {
-// Range of scales a correct device may derive from an amax in [amax_lo, amax_hi].
-Interval scale_range(double amax_lo, double amax_hi, ScaleFormat fmt, double eps, int ulps) {
+// Range of scales a correct device may derive from an amax in [amax_lo, amax_hi] (no floor:
+// amax itself, and a zero scale stays 0).
+Interval scale_range(double amax_lo, double amax_hi, const ActQuantRule& r, int ulps) {
   auto one = [&](double amax, double widen) {
-    const double q = std::max(amax, eps) / 448.0 * (1.0 + widen * ulps * kU32);
-    const float s = fl32(q);
-    return fmt == ScaleFormat::f32 ? double(s) : ue8m0_decode(ue8m0_encode_ceil(s));
+    const double floored = r.floor == ActScaleFloor::eps ? std::max(amax, r.eps) : amax;
+    const float s = fl32(floored / 448.0 * (1.0 + widen * ulps * kU32));
+    return r.format == ScaleFormat::f32 || s == 0.0f ? double(s) : ue8m0_decode(ue8m0_encode_ceil(s));
   };
   return {one(amax_lo, -1.0), one(amax_hi, +1.0)};
 }
@@ -94,15 +95,30 @@ Interval scale_range(double amax_lo, double amax_hi, ScaleFormat fmt, double eps
 
 void requant_deviation(const double* lo, const double* hi, const double* ref_deq, int64_t n, ScaleFormat fmt,
                        double eps, const BudgetModel& m, double* dev) {
+  requant_deviation(lo, hi, ref_deq, n, ActQuantRule{fmt, eps}, m, dev);
+}
+
+void requant_deviation(const double* lo, const double* hi, const double* ref_deq, int64_t n, const ActQuantRule& r,
+                       const BudgetModel& m, double* dev) {
   double amax_lo = 0, amax_hi = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double a = (lo[i] <= 0 && hi[i] >= 0) ? 0.0 : std::min(std::fabs(lo[i]), std::fabs(hi[i]));
     amax_lo = std::max(amax_lo, a);
     amax_hi = std::max({amax_hi, std::fabs(lo[i]), std::fabs(hi[i])});
   }
-  const Interval s = scale_range(amax_lo, amax_hi, fmt, eps, m.scale_ulps);
+  const Interval s = scale_range(amax_lo, amax_hi, r, m.scale_ulps);
+  // x * fl32(1/s) is within (1 + u)^2 - 1 < 2u of x / s: the divide_ulps = 2 slack (§1) covers
+  // the reciprocal recipe with the same formula.
   const double dw = m.divide_ulps * kU32;
   for (int64_t i = 0; i < n; ++i) {
+    if (s.lo == 0) {
+      // No floor and a group that may be all zero (BUDGETS.md §9.3): the device's scale lies in
+      // [0, s_hi]; a zero scale gives 0 (the reference's rule), any other keeps the sign of h and
+      // saturates at 448 s <= 448 s_hi.
+      const double q_lo = lo[i] < 0 ? -448.0 * s.hi : 0.0, q_hi = hi[i] > 0 ? 448.0 * s.hi : 0.0;
+      dev[i] = std::max({q_hi - ref_deq[i], ref_deq[i] - q_lo, 0.0});
+      continue;
+    }
     double v_lo = std::min(lo[i] / s.lo, lo[i] / s.hi), v_hi = std::max(hi[i] / s.lo, hi[i] / s.hi);
     v_lo -= std::fabs(v_lo) * dw;
     v_hi += std::fabs(v_hi) * dw;

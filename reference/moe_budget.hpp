@@ -86,6 +86,11 @@ Interval product_interval_f32(Interval a, Interval b);
 // dev[i] = how far a correct device's dequantized value may lie from ref_deq[i].
 void requant_deviation(const double* lo, const double* hi, const double* ref_deq, int64_t n, ScaleFormat fmt,
                        double eps, const BudgetModel& m, double* dev);
+// The same under a recipe's rule (BUDGETS.md §9.3-9.4): without a floor the scale interval may
+// reach 0; x * fl32(1/s) lies within the divide_ulps slack of x / s.
+struct ActQuantRule;
+void requant_deviation(const double* lo, const double* hi, const double* ref_deq, int64_t n, const ActQuantRule& r,
+                       const BudgetModel& m, double* dev);
 
 // Deviation of a routing weight: the reference's double weight w (before rounding), the
 // device's float32 evaluation within (slack_ulps + routing_ulps) 2^-24 relative (slack_ulps =

@@ -33,6 +33,12 @@ constexpr std::pair<ScaleFormat, std::string_view> kScale[] = {
     {ScaleFormat::f32, "f32"}, {ScaleFormat::ue8m0, "ue8m0"}};
 constexpr std::pair<Precision, std::string_view> kPrecision[] = {
     {Precision::f32, "f32"}, {Precision::bf16, "bf16"}};
+constexpr std::pair<Combine, std::string_view> kCombine[] = {
+    {Combine::f32, "f32"}, {Combine::bf16_slots, "bf16_slots"}, {Combine::bf16_expert_order, "bf16_expert_order"}};
+constexpr std::pair<ActScaleFloor, std::string_view> kFloor[] = {
+    {ActScaleFloor::eps, "eps"}, {ActScaleFloor::none, "none"}};
+constexpr std::pair<QuantDivide, std::string_view> kDivide[] = {
+    {QuantDivide::divide, "divide"}, {QuantDivide::reciprocal, "reciprocal"}};
 }  // namespace
 
 std::string_view to_string(RoutingMethod m) { return name_of(m, kRouting); }
@@ -43,6 +49,12 @@ std::optional<RoutingMethod> parse_routing_method(std::string_view s) { return l
 std::optional<GateUpLayout> parse_gate_up_layout(std::string_view s) { return lookup(s, kLayout); }
 std::optional<ScaleFormat> parse_scale_format(std::string_view s) { return lookup(s, kScale); }
 std::optional<Precision> parse_precision(std::string_view s) { return lookup(s, kPrecision); }
+std::string_view to_string(Combine v) { return name_of(v, kCombine); }
+std::string_view to_string(ActScaleFloor v) { return name_of(v, kFloor); }
+std::string_view to_string(QuantDivide v) { return name_of(v, kDivide); }
+std::optional<Combine> parse_combine(std::string_view s) { return lookup(s, kCombine); }
+std::optional<ActScaleFloor> parse_act_scale_floor(std::string_view s) { return lookup(s, kFloor); }
+std::optional<QuantDivide> parse_quant_divide(std::string_view s) { return lookup(s, kDivide); }
 std::string_view routing_method_names() {
   return "deepseek_v3 | renormalize | softmax_topk | sigmoid_renormalize | llama4";
 }
@@ -84,6 +96,13 @@ std::vector<std::string> config_problems(const MoeConfig& c) {
   // eps keeps every activation scale finite and > 0 (fl32(eps/448) must not underflow to 0).
   need(std::isfinite(c.act_eps) && c.act_eps >= 448 * 0x1p-149 && c.act_eps <= 1.0,
        fmt::format("act_eps: must be in [448 * 2^-149, 1], got {}", c.act_eps));
+  // Without a floor a tiny nonzero group has a scale below 2^-126 whose float32 reciprocal is
+  // infinite, and 0 * inf = NaN: no engine we model combines the two, so it is refused.
+  need(!(c.recipe.act_scale_floor == ActScaleFloor::none && c.recipe.quant_divide == QuantDivide::reciprocal),
+       "quant_divide: reciprocal needs act_scale_floor = eps (without a floor 1/s overflows for tiny groups)");
+  need(c.recipe.quant_divide != QuantDivide::reciprocal || c.act_eps >= 448 * 0x1p-126,
+       fmt::format("act_eps: quant_divide = reciprocal needs act_eps >= 448 * 2^-126 (so that 1/s is finite), got {}",
+                   c.act_eps));
   need(c.local_expert_offset >= 0, fmt::format("local_expert_offset: must be >= 0, got {}", c.local_expert_offset));
   const int64_t local = c.local_experts();
   need(local >= 1, fmt::format("local_num_experts: must be >= 1, got {}", local));

@@ -23,6 +23,45 @@ enum class ScaleFormat { f32, ue8m0 };
 // Precision a tensor is held in between two steps (GEMM1 output, SiLU*up, routing weights).
 enum class Precision { f32, bf16 };
 
+// Engine recipes: where real engines round differently from the contract's defaults
+// (golden/FORMAT.md "Engine recipes", reference/BUDGETS.md §9). Every default is the behaviour
+// moecheck had before these attributes existed, so older cases keep their meaning.
+//
+// How the routing-weighted slot outputs become the layer output:
+//   f32                out = bf16(sum over slots 0..k-1 of fl32(w_j y_j)), one float32 sum
+//                      (FlashInfer / TRT-LLM finalize, DeepGEMM-based paths);
+//   bf16_slots         v_j = bf16(fl32(w_j y_j)) per slot, out = bf16(float32 sum of the v_j in
+//                      slot order) (SGLang's Triton fused MoE: GEMM2 epilogue multiplies by the
+//                      weight and stores bf16, moe_sum_reduce sums in float32);
+//   bf16_expert_order  acc = 0 (bf16); for the token's experts in ascending global id:
+//                      acc = bf16(fl32(acc + v_j)), v_j as above (transformers' eager experts:
+//                      index_add_ into a bf16 buffer, one expert after the other).
+enum class Combine { f32, bf16_slots, bf16_expert_order };
+// Floor of the amax in the activation / intermediate scale rule: eps: s = max(amax, act_eps)/448;
+// none: s = amax/448 (DeepSeek's reference act_quant kernel; a zero group has s = 0, see
+// fp8_quant.hpp for what the reference makes of it).
+enum class ActScaleFloor { eps, none };
+// The FP8 quotient: divide: fl32(x / s); reciprocal: fl32(x * fl32(1 / s)).
+enum class QuantDivide { divide, reciprocal };
+
+struct EngineRecipe {
+  Combine combine = Combine::f32;
+  ActScaleFloor act_scale_floor = ActScaleFloor::eps;
+  QuantDivide quant_divide = QuantDivide::divide;
+  // GEMM2 output per slot before the routing-weight multiply (bf16: an FP8 linear that returns
+  // bf16, as transformers' FP8 experts do).
+  Precision expert_output_dtype = Precision::f32;
+  // silu(gate) before the product with up (bf16: `act_fn(gate) * up` on bf16 tensors rounds the
+  // SiLU once more; f32: silu and the product in float32, one rounding of h).
+  Precision silu_dtype = Precision::f32;
+  // Written out (not "= default"): nvcc compiles this header as C++17 too.
+  bool operator==(const EngineRecipe& o) const {
+    return combine == o.combine && act_scale_floor == o.act_scale_floor && quant_divide == o.quant_divide &&
+           expert_output_dtype == o.expert_output_dtype && silu_dtype == o.silu_dtype;
+  }
+  bool is_default() const { return *this == EngineRecipe{}; }
+};
+
 struct MoeConfig {
   int64_t num_experts = 0;        // E: global routed experts (router_logits columns)
   int64_t top_k = 0;
@@ -41,6 +80,7 @@ struct MoeConfig {
   double act_eps = 1e-10;         // amax floor of activation group quantization
   int64_t local_expert_offset = 0;
   int64_t local_num_experts = -1; // -1 until resolved: defaults to num_experts
+  EngineRecipe recipe;            // /config combine, act_scale_floor, quant_divide, ...
 
   int64_t local_experts() const { return local_num_experts < 0 ? num_experts : local_num_experts; }
   bool is_local(int64_t global_expert) const {
@@ -59,12 +99,21 @@ std::optional<RoutingMethod> parse_routing_method(std::string_view s);
 std::optional<GateUpLayout> parse_gate_up_layout(std::string_view s);
 std::optional<ScaleFormat> parse_scale_format(std::string_view s);
 std::optional<Precision> parse_precision(std::string_view s);
+std::string_view to_string(Combine v);
+std::string_view to_string(ActScaleFloor v);
+std::string_view to_string(QuantDivide v);
+std::optional<Combine> parse_combine(std::string_view s);
+std::optional<ActScaleFloor> parse_act_scale_floor(std::string_view s);
+std::optional<QuantDivide> parse_quant_divide(std::string_view s);
 
 // Printing (test failure messages, RapidCheck counterexamples).
 inline std::ostream& operator<<(std::ostream& os, RoutingMethod v) { return os << to_string(v); }
 inline std::ostream& operator<<(std::ostream& os, GateUpLayout v) { return os << to_string(v); }
 inline std::ostream& operator<<(std::ostream& os, ScaleFormat v) { return os << to_string(v); }
 inline std::ostream& operator<<(std::ostream& os, Precision v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, Combine v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, ActScaleFloor v) { return os << to_string(v); }
+inline std::ostream& operator<<(std::ostream& os, QuantDivide v) { return os << to_string(v); }
 
 // Accepted spellings, for error messages ("deepseek_v3 | renormalize | ...").
 std::string_view routing_method_names();

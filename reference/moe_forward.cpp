@@ -18,6 +18,7 @@
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_combine.hpp"
 #include "reference/truncation_bound.hpp"
 #include "reference/weight_panel.hpp"
 
@@ -222,13 +223,15 @@ void intermediate_budget(const MoeConfig& c, const BudgetModel& m, double c2, co
   for (int64_t i = 0; i < I; ++i) {
     const double g = x[gate0 + i], u = x[up0 + i], dg = dx[gate0 + i], du = dx[up0 + i];
     const Interval gi = round_interval({g - dg, g + dg}, ip), ui = round_interval({u - du, u + du}, ip);
-    const Interval hi = round_interval(product_interval_f32(silu_interval(gi, m.silu_ulps), ui), ip);
+    // silu_dtype = bf16 (BUDGETS.md §9.5): the SiLU interval is rounded before the product.
+    Interval si = silu_interval(gi, m.silu_ulps);
+    if (c.recipe.silu_dtype == Precision::bf16) si = round_interval(si, Precision::bf16);
+    const Interval hi = round_interval(product_interval_f32(si, ui), ip);
     s.ilo[i] = hi.lo, s.ihi[i] = hi.hi;
   }
   for (int64_t g0 = 0; g0 < I; g0 += G) {
     const int64_t n = std::min(G, I - g0);
-    requant_deviation(s.ilo.data() + g0, s.ihi.data() + g0, h_deq + g0, n, c.scale_format, c.act_eps, m,
-                      s.idev.data() + g0);
+    requant_deviation(s.ilo.data() + g0, s.ihi.data() + g0, h_deq + g0, n, act_quant_rule(c), m, s.idev.data() + g0);
   }
   for (int64_t i = 0; i < I; ++i) s.dh(r, i) = c2 * std::fabs(h_deq[i]) + (1 + c2) * s.idev[i];
   std::copy_n(s.idev.data(), I, s.hdev.row(r).data());
@@ -376,10 +379,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     const Precision ip = c.intermediate_dtype;
     for (int64_t i = 0; i < I; ++i) {
       const double g = round_to(xr[gate0 + i], ip), u = round_to(xr[up0 + i], ip);
-      // h is held in intermediate_dtype (float32 at least) before re-quantization.
-      s.hrow[i] = static_cast<float>(round_to(silu(g) * u, ip));
+      // h is held in intermediate_dtype (float32 at least) before re-quantization; silu(g) in
+      // silu_dtype before the product (float32 at least).
+      const double sg = c.recipe.silu_dtype == Precision::bf16 ? round_to(silu(g), Precision::bf16) : silu(g);
+      s.hrow[i] = static_cast<float>(round_to(sg * u, ip));
     }
-    group_quantize_row(s.hrow.data(), I, G, c.scale_format, c.act_eps, s.hcodes.data(), s.hscales.data());
+    group_quantize_row(s.hrow.data(), I, G, act_quant_rule(c), s.hcodes.data(), s.hscales.data());
     for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
     if (budget) intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
     if (budget && bc.chunked) {
@@ -421,6 +426,15 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
     if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr;  // BUDGETS.md §2.1
     if (budget) s.dy.array() += double(ceil_div(I, B)) * 0x1p-149;  // underflow, as for GEMM1
+    // expert_output_dtype = bf16 (BUDGETS.md §9.5): the device rounds its float32 slot output,
+    // so both the value and its interval are rounded (bf16 of fl32, the device's composite).
+    if (tier == Tier::quantized && c.recipe.expert_output_dtype == Precision::bf16)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < H; ++i) {
+          const double y = s.y(r, i), yr = bf16_of_f32(y);
+          if (budget) s.dy(r, i) = round_slot_interval(y, s.dy(r, i)).width_from(yr);
+          s.y(r, i) = yr;
+        }
   }
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
@@ -486,7 +500,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
       qh.codes = p.hidden_fp8;
       qh.scales = p.hidden_scale;
     } else {
-      GroupQuantized g = group_quantize(p.hidden, T, H, G, c.scale_format, c.act_eps);
+      GroupQuantized g = group_quantize(p.hidden, T, H, G, act_quant_rule(c));
       qh.own_codes = std::move(g.codes);
       qh.own_scales = std::move(g.scales);
       qh.codes = qh.own_codes.data();
@@ -522,8 +536,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
             x[i] = p.hidden[t * H + g0 + i];
             deq[i] = double(table[qh.codes[t * H + g0 + i]]) * double(qh.scales[t * hg + g0 / G]);
           }
-          requant_deviation(x.data(), x.data(), deq.data(), n, c.scale_format, c.act_eps, *model,
-                            act_dev.data() + t * H + g0);
+          requant_deviation(x.data(), x.data(), deq.data(), n, act_quant_rule(c), *model, act_dev.data() + t * H + g0);
         }
     }
     bc.act_dev = &act_dev;
@@ -614,46 +627,32 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     for (auto& th : pool) th.join();
     if (failure) std::rethrow_exception(failure);
 
-    // Combine in slot order: out[t] = sum_j w_j * y_j (non-local slots hold 0 and add nothing).
-    // Budget (BUDGETS.md §5): e = sum_j |w_j| dy_j + dw_j (|y_j| + dy_j), plus the float32 sum of
-    // the k products, gamma_{k+1}(2^-24) sum_j (|w_j| + dw_j)(|y_j| + dy_j); then the bf16 rounding.
-    const double gk = (k + 1) * 0x1p-24 / (1 - (k + 1) * 0x1p-24);
-    std::vector<double> e(model ? H : 0);
+    // Combine under the case's combine recipe (moe_combine.hpp; BUDGETS.md §5, §9.1-9.2).
+    // Non-local slots hold 0 and are left out.
+    std::vector<SlotTerm> terms;
     for (int64_t tl = 0; tl < nt; ++tl) {
       const int64_t t = t0 + tl;
-      double* o = res.output.data() + t * H;
-      std::fill(e.begin(), e.end(), 0.0);
+      terms.clear();
       for (int64_t j = 0; j < k; ++j) {
         if (!c.is_local(rt.ids[t * k + j])) continue;
         const double wj = rt.weights[t * k + j];
         const double* y = slots + (tl * k + j) * H;
-        for (int64_t i = 0; i < H; ++i) o[i] += wj * y[i];
         if (ideal_bound) {  // |w y - w_q y_q| <= |w_q| dy + |w - w_q| (|y_q| + dy)
           const double dw = std::fabs(exact_weights[t * k + j] - wj);
           const double* qy = slot_ideal + (tl * k + j) * H;
           double* ib = res.ideal_bound.data() + t * H;
           for (int64_t i = 0; i < H; ++i) ib[i] += std::fabs(wj) * qy[i] + dw * (std::fabs(y[i]) + qy[i]);
         }
-        if (!model) continue;
-        const double dw =
-            weight_deviation(exact_weights[t * k + j], wj, c.routing_weight_dtype, c.num_experts + k, *model);
-        const double* dy = slot_budget + (tl * k + j) * H;
-        for (int64_t i = 0; i < H; ++i) {
-          const double ay = std::fabs(y[i]) + dy[i];
-          // + 2^-149: the float32 product w_j y_j may underflow (half a subnormal step, rounded
-          // up to a whole one; the sum's additions are exact in the subnormal range).
-          e[i] += std::fabs(wj) * dy[i] + dw * ay + gk * (std::fabs(wj) + dw) * ay + 0x1p-149;
+        SlotTerm term{rt.ids[t * k + j], wj, 0.0, y, nullptr};
+        if (model) {
+          term.dw = weight_deviation(exact_weights[t * k + j], wj, c.routing_weight_dtype, c.num_experts + k, *model);
+          term.dy = slot_budget + (tl * k + j) * H;
         }
+        terms.push_back(term);
       }
-      if (model)
-        for (int64_t i = 0; i < H; ++i) {
-          res.budget[t * H + i] = output_budget_bf16(o[i], e[i]);
-          // Noise model of the aggregate tests (BUDGETS.md §7): the float32 deviation may be
-          // systematic (a re-quantization flip), so up to e^2; the bf16 rounding uniform within
-          // half an ulp, ulp^2 / 12.
-          const double ulp = bf16_ulp(o[i]);
-          res.noise_var[t * H + i] = e[i] * e[i] + ulp * ulp / 12;
-        }
+      CombineOut co{res.output.data() + t * H};
+      if (model) co.budget = res.budget.data() + t * H, co.noise_var = res.noise_var.data() + t * H;
+      combine_token(c.recipe.combine, terms, H, k, co);
     }
     for (const ExpertJob& j : jobs) {
       const double n = static_cast<double>(j.slots.size());

@@ -7,9 +7,12 @@
 //              y = h W2^T, out = sum_slots w * y; everything in double; routing weights in double.
 //   quantized  a = dequant(group_quantize(hidden)) (or the case's own hidden_states_fp8 +
 //              scales); x = a W13^T in double, then rounded to intermediate_dtype;
-//              h = silu(gate) * up in double, rounded to intermediate_dtype (float32 at least);
-//              h group-quantized per group_size along I and dequantized; y = h W2^T in double;
-//              routing weights rounded to routing_weight_dtype; combine in double.
+//              h = silu(gate) * up in double (silu rounded to silu_dtype first), rounded to
+//              intermediate_dtype (float32 at least); h group-quantized per group_size along I
+//              and dequantized; y = h W2^T in double, rounded to expert_output_dtype; routing
+//              weights rounded to routing_weight_dtype; combined as the combine recipe says
+//              (moe_combine.hpp). Quantization follows act_scale_floor and quant_divide
+//              (fp8_quant.hpp). The recipe attributes are MoeConfig::recipe (moe_config.hpp).
 // "Exact products": the GEMMs run in double on exactly dequantized operands. Their rounding
 // error is <= ~K * 2^-53 relative to sum |a||w| (about 1e-12 at K = 7168), which the budgets
 // (reference/BUDGETS.md) treat as zero: it is 9 orders of magnitude under the FP8 terms.

@@ -65,7 +65,7 @@ TEST_F(H5pyCases, FormatMdExampleReadsBackExactly) {
   EXPECT_EQ(c.routed_scaling_factor, 2.5);
   EXPECT_EQ(c.weight_block, 128);  // defaults
   EXPECT_EQ(c.local_experts(), E);
-  EXPECT_EQ(r.config_defaults().size(), 9u);
+  EXPECT_EQ(r.config_defaults().size(), 14u);  // 9 + the 5 engine-recipe attributes
   EXPECT_EQ(r.description(), "FORMAT.md example");
   ASSERT_EQ(r.tokens(), T);
   EXPECT_EQ(r.hidden_dtype(), Precision::bf16);

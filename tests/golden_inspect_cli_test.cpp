@@ -68,7 +68,7 @@ TEST(MoecheckInspect, SampleCaseJsonSchema) {
   EXPECT_EQ(c["topk_group"], 1);
   EXPECT_EQ(c["routed_scaling_factor"], 2.5);
   EXPECT_EQ(c["act_eps"], 1e-10);
-  EXPECT_EQ(c.size(), 17u);
+  EXPECT_EQ(c.size(), 22u);  // 17 + the 5 engine-recipe attributes
   ASSERT_EQ(doc["datasets"].size(), 7u);
   bool saw_w13 = false;
   for (const json& d : doc["datasets"]) {

@@ -4,6 +4,7 @@
 #include <ctime>
 #include <fmt/format.h>
 
+#include "golden/engine_recipes.hpp"
 #include "kernels/emulated/emulated_moe.hpp"
 #include "reference/fp8_formats.hpp"
 #include "tools/reference_store.hpp"
@@ -58,6 +59,13 @@ BackendOutput run_backend(const CaseProblem& cp, const std::string& name, bool e
     r.backend = name;
     return r;
   }
+  // Our GPU kernels implement the contract's default recipe only (docs/DEVICE-ALGORITHM.md §7):
+  // a case with another engine recipe is refused rather than run with the wrong roundings.
+  if (const std::vector<std::string> r = recipe_settings(cp.config().recipe); !r.empty())
+    throw InputError(cp.problem().source, "/config@" + r.front().substr(0, r.front().find('=')),
+                     fmt::format("backend {} implements only the default engine recipe; this case asks for {} "
+                                 "(run it with --backend emulated)",
+                                 b.base, fmt::join(r, " ")));
 #ifdef MOECHECK_HAVE_CUDA
   return kernels::run_gpu_backend(cp.problem(), cp.reader().hidden_dtype() == Precision::bf16,
                                   b.base == "cuda" ? kernels::GpuBackend::cuda : kernels::GpuBackend::cublaslt,

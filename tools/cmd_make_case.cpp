@@ -4,7 +4,8 @@
 //                      [--dist realistic|uniform|adversarial] [--near-ties] [--routed-only]
 //                      [--scale-format f32|ue8m0] [--intermediate-dtype f32|bf16]
 //                      [--routing-weight-dtype f32|bf16] [--gate-up-layout gate_up|up_gate]
-//                      [--hidden-dtype bf16|f32] [--bias-dtype f32|bf16] [--experts-limit N] -o CASE
+//                      [--hidden-dtype bf16|f32] [--bias-dtype f32|bf16] [--experts-limit N]
+//                      [--recipe sglang|transformers|default|KEY=VALUE]... -o CASE
 //   moecheck make-case --list-presets
 //   moecheck make-case ... --dry-run      (print the plan, write nothing; -o optional)
 //
@@ -19,6 +20,7 @@
 #include <memory>
 
 #include "golden/case_generator.hpp"
+#include "golden/engine_recipes.hpp"
 #include "golden/model_presets.hpp"
 #include "tools/cli_common.hpp"
 
@@ -31,8 +33,10 @@ struct MakeCaseOptions {
   std::string out;
   std::string dist = "realistic", scale_format = "f32", intermediate_dtype = "f32", routing_weight_dtype = "f32",
               gate_up_layout = "gate_up", hidden_dtype = "bf16", bias_dtype = "f32";
+  std::vector<std::string> recipes;
   bool list = false, dry_run = false, quiet = false;
   const CLI::Option *tokens = nullptr, *seed = nullptr, *preset = nullptr;
+  const CLI::Option *intermediate = nullptr, *weight_dtype = nullptr;
 };
 
 template <class T>
@@ -67,6 +71,8 @@ void print_plan(const CasePlan& p, std::ostream& out) {
                      "routing_weights={}\n",
                      c.local_expert_offset, c.local_expert_offset + c.local_experts(), to_string(c.gate_up_layout),
                      to_string(c.scale_format), to_string(c.intermediate_dtype), to_string(c.routing_weight_dtype));
+  const std::vector<std::string> recipe = recipe_settings(c.recipe);
+  out << fmt::format("recipe:        {}\n", recipe.empty() ? "default" : fmt::format("{}", fmt::join(recipe, " ")));
   out << fmt::format("inputs:        hidden_states [{}, {}] {}, router_logits [{}, {}] float32{}\n", p.header.tokens,
                      c.hidden_size, to_string(p.header.hidden_dtype), p.header.tokens, c.num_experts,
                      p.header.routing_bias ? fmt::format(", routing_bias [{}] {}", c.num_experts,
@@ -99,6 +105,15 @@ int run_make_case(MakeCaseOptions& o) {
   g.intermediate_dtype = parsed(parse_precision(o.intermediate_dtype), "--intermediate-dtype", o.intermediate_dtype, "f32 | bf16");
   g.routing_weight_dtype =
       parsed(parse_precision(o.routing_weight_dtype), "--routing-weight-dtype", o.routing_weight_dtype, "f32 | bf16");
+  // Recipes in the order given (a preset resets every recipe attribute); an explicit
+  // --intermediate-dtype / --routing-weight-dtype wins over what a recipe says.
+  MoeConfig rc;
+  rc.intermediate_dtype = g.intermediate_dtype, rc.routing_weight_dtype = g.routing_weight_dtype;
+  for (const std::string& r : o.recipes)
+    if (const std::string rule = apply_recipe_setting(r, rc); !rule.empty()) throw InputError("", "--recipe", rule);
+  if (!o.intermediate->count()) g.intermediate_dtype = rc.intermediate_dtype;
+  if (!o.weight_dtype->count()) g.routing_weight_dtype = rc.routing_weight_dtype;
+  g.recipe = rc.recipe;
   g.gate_up_layout = parsed(parse_gate_up_layout(o.gate_up_layout), "--gate-up-layout", o.gate_up_layout, "gate_up | up_gate");
   g.hidden_dtype = parsed(parse_precision(o.hidden_dtype), "--hidden-dtype", o.hidden_dtype, "bf16 | f32");
   g.bias_dtype = parsed(parse_precision(o.bias_dtype), "--bias-dtype", o.bias_dtype, "f32 | bf16");
@@ -147,8 +162,14 @@ void register_make_case(CLI::App& app) {
                 "store only the local experts that some token routes to (and their near-tie partners)");
   sub->add_option("--experts-limit", o->g.experts_limit, "store at most N of the chosen experts (for tests)");
   sub->add_option("--scale-format", o->scale_format, "weight block scales: f32 (default) | ue8m0");
-  sub->add_option("--intermediate-dtype", o->intermediate_dtype, "/config intermediate_dtype: f32 (default) | bf16");
-  sub->add_option("--routing-weight-dtype", o->routing_weight_dtype, "/config routing_weight_dtype: f32 (default) | bf16");
+  o->intermediate =
+      sub->add_option("--intermediate-dtype", o->intermediate_dtype, "/config intermediate_dtype: f32 (default) | bf16");
+  o->weight_dtype = sub->add_option("--routing-weight-dtype", o->routing_weight_dtype,
+                                    "/config routing_weight_dtype: f32 (default) | bf16");
+  sub->add_option("--recipe", o->recipes,
+                  "engine recipe (golden/FORMAT.md): sglang | transformers | default | KEY=VALUE (combine, "
+                  "act_scale_floor, quant_divide, expert_output_dtype, silu_dtype, intermediate_dtype, "
+                  "routing_weight_dtype); repeatable, applied in order");
   sub->add_option("--gate-up-layout", o->gate_up_layout, "w13 row order: gate_up (default) | up_gate");
   sub->add_option("--hidden-dtype", o->hidden_dtype, "storage of hidden_states: bf16 (default) | f32");
   sub->add_option("--bias-dtype", o->bias_dtype, "storage of routing_bias: f32 (default) | bf16");

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "golden/case_problem.hpp"
+#include "golden/engine_recipes.hpp"
 #include "tools/report.hpp"
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
@@ -106,6 +107,8 @@ void register_repro(CLI::App& app) {
                       to_string(c.gate_up_layout), to_string(c.scale_format), to_string(c.intermediate_dtype),
                       to_string(c.routing_weight_dtype), c.group_size, c.weight_block, c.act_eps, c.local_expert_offset,
                       c.local_expert_offset + c.local_experts());
+    if (const std::vector<std::string> r = recipe_settings(c.recipe); !r.empty())
+      os << fmt::format("  engine recipe: {}\n", fmt::join(r, " "));
     os << fmt::format("- shapes: T={}; hidden_states {}; router_logits {}{}; w13 {}; w2 {}; stored experts: {}\n",
                       cp.tokens(), shape_of(rd, "/inputs/hidden_states"), shape_of(rd, "/inputs/router_logits"),
                       rd.has_routing_bias() ? "; routing_bias " + shape_of(rd, "/inputs/routing_bias") : "",

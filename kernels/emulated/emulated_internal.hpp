@@ -30,12 +30,22 @@ struct QuantRule {
   double eps = 1e-10;
   bool no_eps = false;          // Fault::zero_group_nan
   bool ue8m0_mismatch = false;  // Fault::ue8m0_mismatch
+  bool no_floor = false;        // recipe act_scale_floor = none: s = amax / 448, a zero group codes 0
+  bool reciprocal = false;      // recipe quant_divide = reciprocal: q = e4m3(x * (1 / s))
 };
 // The dequantization scale of a group with max |x| = amax (and, under ue8m0_mismatch, the
 // different scale used to quantize: *quant_scale; else *quant_scale = result).
 float group_scale_f32(float amax, const QuantRule& r, float* quant_scale);
 // One row x[n] per group of g: codes[n], scales[ceil(n/g)].
 void quantize_row(const float* x, int64_t n, int64_t g, const QuantRule& r, uint8_t* codes, float* scales);
+
+// ---- finalize (emulated_combine.cpp) ----------------------------------------------------
+// out_bf16[T, H] from the slots' rows: row[t*k + j] is slot j's row of slot_out [rows, H]
+// (-1: not local), weights [T, k], ids [T, k] global experts; the combine recipe decides the
+// roundings and the order (emulated_moe.hpp). wrap > 0: Fault::int32_overflow, slot values
+// read at flat index f = row * H + h taken mod wrap once f >= wrap.
+void finalize(Combine how, int64_t T, int64_t k, int64_t H, const int32_t* ids, const float* weights,
+              const int64_t* row, const float* slot_out, int64_t wrap, uint16_t* out_bf16);
 
 // ---- block-scale GEMM (emulated_gemm.cpp) -----------------------------------------------
 // C[M, N] (row-major, ldc = N) = sum over K blocks b (ascending) of fl32(sa[m, b] * sw[n/G, b]) *

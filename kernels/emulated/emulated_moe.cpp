@@ -106,16 +106,17 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
     const float* xm = x.data() + m * 2 * I;
     for (int64_t i = 0; i < I; ++i) {
       const float g = xm[gate_off + i], u = xm[up_off + i];
-      const float silu = g / (1.0f + std::exp(-g));
+      const float silu = round_to(g / (1.0f + std::exp(-g)), p.config.recipe.silu_dtype);
       h[m * I + i] = round_to(silu * u, ip);
     }
     quantize_row(h.data() + m * I, I, G, rule, hc.data() + m * I, hs.data() + m * KBI);
   }
   decode_e4m3(hc.data(), M * I, hv.data());
 
-  // GEMM2 straight into the slots' rows.
+  // GEMM2 straight into the slots' rows, rounded to expert_output_dtype.
   std::vector<float> y(M * H);
   gemm(M, H, I, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
+  for (float& v : y) v = round_to(v, p.config.recipe.expert_output_dtype);
   // faulty empty_expert_garbage: BUG-CLASSES #11/#13 (rows of a sparsely used expert never written)
   if (wid == garbage_expert) std::fill(y.begin(), y.end(), kGarbage);
   for (int64_t m = 0; m < M; ++m) std::copy_n(y.data() + m * H, H, slot_out.data() + row[slots[m]] * H);
@@ -156,7 +157,12 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   L.T = p.tokens, L.E = c.num_experts, L.k = c.top_k, L.H = c.hidden_size, L.I = c.intermediate_size;
   L.G = c.group_size, L.KBH = (L.H + L.G - 1) / L.G, L.KBI = (L.I + L.G - 1) / L.G;
   const int64_t T = L.T, k = L.k, H = L.H, I = L.I;
-  L.rule = QuantRule{c.scale_format, c.act_eps, opt.fault == Fault::zero_group_nan, opt.fault == Fault::ue8m0_mismatch};
+  L.rule = QuantRule{c.scale_format,
+                     c.act_eps,
+                     opt.fault == Fault::zero_group_nan,
+                     opt.fault == Fault::ue8m0_mismatch,
+                     c.recipe.act_scale_floor == ActScaleFloor::none,
+                     c.recipe.quant_divide == QuantDivide::reciprocal};
 
   BackendOutput out;
   out.tokens = T, out.hidden = H, out.top_k = k;
@@ -249,29 +255,13 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   }
   if (error) std::rethrow_exception(error);
 
-  // Finalize: out[t] = bf16(sum_j fl32(w_j * y_j)) in slot order, float32.
+  // Finalize under the combine recipe (emulated_combine.cpp).
   out.output_bf16.assign(T * H, 0);
-  std::vector<float> acc(H);
   const int64_t thr = opt.int32_overflow_threshold;
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = L.row[t * k + j];
-      if (r < 0) continue;
-      const float w = L.weights[t * k + j];
-      if (opt.fault == Fault::int32_overflow && (r + 1) * H > thr) {
-        // faulty int32_overflow: BUG-CLASSES #22 (row * H computed in int32 wraps)
-        for (int64_t i = 0; i < H; ++i) {
-          const int64_t f = r * H + i;
-          acc[i] += w * L.slot_out[f >= thr ? f % thr : f];
-        }
-      } else {
-        const float* y = L.slot_out.data() + r * H;
-        for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
-      }
-    }
-    for (int64_t i = 0; i < H; ++i) out.output_bf16[t * H + i] = bf16_encode(acc[i]);
-  }
+  // The wrap reads beyond the slot buffer only through rows whose end passes the threshold.
+  const int64_t wrap = opt.fault == Fault::int32_overflow && rows * H > thr ? thr : 0;
+  emulated::finalize(c.recipe.combine, T, k, H, out.topk_ids.data(), L.weights.data(), L.row.data(),
+                     L.slot_out.data(), wrap, out.output_bf16.data());
   if (opt.expert_outputs) {
     out.expert_outputs.assign(T * k * H, 0.0f);
     for (int64_t s = 0; s < T * k; ++s)

@@ -23,6 +23,12 @@
 //               group along I with the act-quant rule.
 //   finalize    out = bf16(sum over slots 0..k-1 of fl32(w * y)), float32; non-local slots add
 //               nothing; a token without local slots is exactly +0.
+//   recipes     (/config combine, act_scale_floor, quant_divide, expert_output_dtype, silu_dtype;
+//               reference/moe_config.hpp EngineRecipe) change those steps: combine bf16_slots
+//               sums bf16(fl32(w * y)) in float32; bf16_expert_order adds them into a bf16
+//               buffer, acc = bf16(acc + v), experts ascending; act_scale_floor none takes
+//               s = amax / 448 and codes a zero group 0; quant_divide reciprocal computes
+//               x * (1 / s); expert_output_dtype bf16 rounds y; silu_dtype bf16 rounds silu(g).
 // group_size must equal weight_block (both 128 in the contract; any common value works, and
 // ragged last blocks are allowed).
 //

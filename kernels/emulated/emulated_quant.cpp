@@ -27,8 +27,9 @@ void decode_e4m3(const uint8_t* codes, int64_t n, float* out) {
 
 float group_scale_f32(float amax, const QuantRule& r, float* quant_scale) {
   float s;
-  if (r.no_eps) {
-    // faulty zero_group_nan: BUG-CLASSES #1/#2 (no amax floor: an all-zero group gets s = 0)
+  if (r.no_eps || r.no_floor) {
+    // faulty zero_group_nan: BUG-CLASSES #1/#2 (no amax floor: an all-zero group gets s = 0);
+    // also the recipe act_scale_floor = none, whose zero groups quantize_row guards.
     s = amax / 448.0f;
   } else {
     // fl32(max(amax, eps) / 448): for amax >= eps the float32 division is that one rounding;
@@ -50,8 +51,18 @@ void quantize_row(const float* x, int64_t n, int64_t g, const QuantRule& r, uint
     for (int64_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(x[i]));
     float qs;
     scales[b] = group_scale_f32(amax, r, &qs);
-    // q = e4m3_satfinite(x / s): a float32 division (never x * (1/s)), then RNE to e4m3.
-    for (int64_t i = k0; i < k1; ++i) codes[i] = e4m3_encode_satfinite(x[i] / qs);
+    if (qs == 0.0f && !r.no_eps) {
+      // Recipe act_scale_floor = none: a zero scale codes the group as 0 (the reference's rule,
+      // reference/fp8_quant.hpp), where the fault divides 0 / 0.
+      std::fill(codes + k0, codes + k1, uint8_t(0));
+    } else if (r.reciprocal) {
+      // Recipe quant_divide = reciprocal: q = e4m3_satfinite(fl32(x * fl32(1 / s))).
+      const float inv = 1.0f / qs;
+      for (int64_t i = k0; i < k1; ++i) codes[i] = e4m3_encode_satfinite(x[i] * inv);
+    } else {
+      // q = e4m3_satfinite(x / s): a float32 division, then RNE to e4m3.
+      for (int64_t i = k0; i < k1; ++i) codes[i] = e4m3_encode_satfinite(x[i] / qs);
+    }
   }
 }
 

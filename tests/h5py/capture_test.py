@@ -17,6 +17,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -81,12 +82,12 @@ class Capture(unittest.TestCase):
         return mc.LayerConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="deepseek_v3",
                               n_group=4, topk_group=2, routed_scaling_factor=2.5, **kw)
 
-    def capture_ds(self, name, bug=None, expert_outputs=True, slots="rank", **kw):
+    def capture_ds(self, name, bug=None, expert_outputs=True, slots="rank", combine="f32", recipe=None, **kw):
         """The deepseek_v3 layer through the numpy engine, captured with two outputs of the same
         data: "numpy" (backend unknown to moecheck: judged with the default "hopper" model) and
         "numpy-fp32" (budget_model = fp32: what the engine does, float32 round-to-nearest sums)."""
         L = self.ds
-        out, ids, w, y = nm.run_engine(L, "deepseek_v3", K, 4, 2, 2.5, bug=bug)
+        out, ids, w, y = nm.run_engine(L, "deepseek_v3", K, 4, 2, 2.5, bug=bug, combine=combine)
         if slots == "ascending":  # an engine that records its slots sorted by id
             order = np.argsort(ids, axis=1)
             t = np.arange(T)[:, None]
@@ -96,7 +97,7 @@ class Capture(unittest.TestCase):
         outputs = [mc.Output(n, output=out.view(np.int16), topk_ids=ids, topk_weights=w,
                              expert_outputs=y if expert_outputs else None, backend="numpy-f32", device="cpu",
                              budget_model=m) for n, m in (("numpy", None), ("numpy-fp32", "fp32"))]
-        mc.write_case(path, self.ds_config(), hidden_states=nm.bf16_bits(L["hidden"]).view(np.int16),
+        mc.write_case(path, self.ds_config(**(recipe or {})), hidden_states=nm.bf16_bits(L["hidden"]).view(np.int16),
                       router_logits=L["logits"], routing_bias=L["bias"], w13=L["w13"], w13_scale=L["w13_scale"],
                       w2=L["w2"], w2_scale=L["w2_scale"], source="tests/h5py/capture_test.py", outputs=outputs, **kw)
         return path
@@ -155,6 +156,30 @@ class Capture(unittest.TestCase):
         rc, text = moecheck("compare", path)
         self.assertEqual(rc, 0, text)
 
+    def test_recipe_engine_is_within_budget(self):
+        """An engine that rounds each weighted slot to bf16 before the sum (SGLang's combine),
+        captured with combine="bf16_slots": the attribute is written, and the engine passes the
+        reference that follows it; captured without it, the default reference fails it."""
+        path = self.capture_ds("bf16-slots.h5", combine="bf16_slots", recipe={"combine": "bf16_slots"})
+        self.assert_inspect_ok(path)
+        with h5py.File(path, "r") as f:
+            self.assertEqual(f["config"].attrs["combine"], "bf16_slots")
+            self.assertNotIn("silu_dtype", f["config"].attrs)  # not given: not written (default)
+        rc, text = moecheck("compare", path, "--output", "numpy-fp32")
+        self.assertEqual(rc, 0, text)
+        path = self.capture_ds("bf16-slots-unsaid.h5", combine="bf16_slots")
+        rc, text = moecheck("compare", path, "--output", "numpy-fp32")
+        self.assertEqual(rc, 1, text)
+
+    def test_recipe_presets_fill_unset_attributes(self):
+        cfg = self.ds_config(recipe="transformers", routing_weight_dtype="f32")
+        attrs = cfg.attributes()
+        self.assertNotIn("recipe", attrs)
+        self.assertEqual(attrs["combine"], "bf16_expert_order")
+        self.assertEqual(attrs["act_scale_floor"], "none")
+        self.assertEqual(attrs["routing_weight_dtype"], "f32")  # explicit wins over the preset
+        self.assertEqual(self.ds_config(recipe="sglang").attributes()["intermediate_dtype"], "bf16")
+
     def test_broken_engines_fail_compare(self):
         for bug in ("rsf_twice", "gate_up_swap"):
             with self.subTest(bug=bug):
@@ -204,6 +229,10 @@ class Capture(unittest.TestCase):
             "config.routing: must be one of": dict(cfg=mc.LayerConfig(
                 num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="deepseek")),
             "w13_scale: scale_format = ue8m0 needs powers of two": dict(cfg=self.ds_config(scale_format="ue8m0")),
+            "config.combine: must be one of f32 | bf16_slots | bf16_expert_order":
+                dict(cfg=self.ds_config(combine="bf16")),
+            "config.quant_divide: reciprocal needs act_scale_floor = eps":
+                dict(cfg=self.ds_config(quant_divide="reciprocal", act_scale_floor="none")),
         }
         target = self.dir / "bad.h5"
         target.write_bytes(b"previous contents")

@@ -168,10 +168,11 @@ def block_gemm(a_codes, a_scales, w_codes, w_scales, G=128):
 
 
 def run_engine(layer, routing, top_k, n_group=1, topk_group=1, rsf=1.0, up_gate=False, local=None, bug=None,
-               act=None):
+               act=None, combine="f32"):
     """The layer's forward. local = (offset, count) for expert parallelism (slots of other experts
     contribute nothing); up_gate: the w13 arrays hold [up; gate] (FlashInfer w31); act = (codes,
-    scales [T, H/128]) when the engine quantized the activations itself.
+    scales [T, H/128]) when the engine quantized the activations itself; combine = "bf16_slots":
+    each slot's float32 w * y rounded to bf16 before the float32 sum (SGLang, FORMAT.md recipes).
     Returns output bf16 bits [T, H], topk ids/weights [T, k], expert_outputs float32 [T, k, H]."""
     x = layer["hidden"]
     T, H = x.shape
@@ -198,5 +199,8 @@ def run_engine(layer, routing, top_k, n_group=1, topk_group=1, rsf=1.0, up_gate=
     out = np.zeros((T, H), dtype=np.float32)
     for j in range(top_k):
         local_slot = (ids[:, j] >= off) & (ids[:, j] < off + cnt)
-        out = (out + np.where(local_slot[:, None], w[:, j, None] * y[:, j], 0)).astype(np.float32)
+        p = (w[:, j, None] * y[:, j]).astype(np.float32)
+        if combine == "bf16_slots":
+            p = bf16_value(bf16_bits(p))
+        out = (out + np.where(local_slot[:, None], p, 0)).astype(np.float32)
     return bf16_bits(out), ids, w, y

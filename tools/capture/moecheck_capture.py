@@ -46,7 +46,15 @@ FORMAT_VERSION = 1
 ROUTING_METHODS = ("deepseek_v3", "renormalize", "softmax_topk", "sigmoid_renormalize", "llama4")
 _CHOICES = {"routing": ROUTING_METHODS, "gate_up_layout": ("gate_up", "up_gate"),
             "scale_format": ("f32", "ue8m0"), "intermediate_dtype": ("f32", "bf16"),
-            "routing_weight_dtype": ("f32", "bf16")}
+            "routing_weight_dtype": ("f32", "bf16"), "combine": ("f32", "bf16_slots", "bf16_expert_order"),
+            "act_scale_floor": ("eps", "none"), "quant_divide": ("divide", "reciprocal"),
+            "expert_output_dtype": ("f32", "bf16"), "silu_dtype": ("f32", "bf16")}
+# Engine recipe presets (golden/FORMAT.md "Engine recipes"): LayerConfig(..., recipe="sglang").
+RECIPES = {
+    "sglang": {"intermediate_dtype": "bf16", "combine": "bf16_slots"},
+    "transformers": {"intermediate_dtype": "bf16", "silu_dtype": "bf16", "expert_output_dtype": "bf16",
+                     "routing_weight_dtype": "bf16", "act_scale_floor": "none", "combine": "bf16_expert_order"},
+}
 _MIN_ACT_EPS = 448.0 * 2.0 ** -149
 _CHUNK_BYTES = 4 << 20  # weight chunks: one expert slab, at most 4 MiB (FORMAT.md /weights)
 
@@ -87,6 +95,24 @@ class LayerConfig:
     act_eps: Optional[float] = None
     local_expert_offset: Optional[int] = None
     local_num_experts: Optional[int] = None
+    # Engine recipe (FORMAT.md "Engine recipes"): where the engine rounds differently.
+    combine: Optional[str] = None              # "f32" | "bf16_slots" (SGLang) | "bf16_expert_order" (transformers)
+    act_scale_floor: Optional[str] = None      # "eps" | "none" (s = amax / 448, DeepSeek's act_quant)
+    quant_divide: Optional[str] = None         # "divide" | "reciprocal" (x * (1 / s))
+    expert_output_dtype: Optional[str] = None  # "f32" | "bf16": GEMM2 output before the weight multiply
+    silu_dtype: Optional[str] = None           # "f32" | "bf16": silu(gate) before the product with up
+    # A preset of RECIPES ("sglang", "transformers") filling the recipe attributes (and
+    # intermediate_dtype / routing_weight_dtype) that are not given explicitly; not written itself.
+    recipe: Optional[str] = None
+
+    def __post_init__(self):
+        if self.recipe is None:
+            return
+        if self.recipe not in RECIPES:
+            _fail("config.recipe", f"must be one of {' | '.join(RECIPES)}, got {self.recipe!r}")
+        for k, v in RECIPES[self.recipe].items():
+            if getattr(self, k) is None:
+                setattr(self, k, v)
 
     @classmethod
     def from_dict(cls, d):
@@ -109,10 +135,11 @@ class LayerConfig:
         return {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "gate_up_layout": "gate_up",
                 "scale_format": "f32", "intermediate_dtype": "f32", "routing_weight_dtype": "f32",
                 "group_size": 128, "weight_block": 128, "act_eps": 1e-10, "local_expert_offset": 0,
-                "local_num_experts": self.num_experts}[name]
+                "local_num_experts": self.num_experts, "combine": "f32", "act_scale_floor": "eps",
+                "quant_divide": "divide", "expert_output_dtype": "f32", "silu_dtype": "f32"}[name]
 
     def attributes(self):
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in self.__dict__.items() if v is not None and k != "recipe"}
 
 
 @dataclass
@@ -291,6 +318,13 @@ def _check_config(c):
     eps = c.get("act_eps")
     if not _MIN_ACT_EPS <= eps <= 1:
         _fail(where("act_eps"), f"must be in [448 * 2^-149, 1], got {eps}")
+    if c.get("quant_divide") == "reciprocal":
+        if c.get("act_scale_floor") == "none":
+            _fail(where("quant_divide"), "reciprocal needs act_scale_floor = eps (without a floor 1/s overflows for "
+                                         "tiny groups)")
+        if eps < 448.0 * 2.0 ** -126:
+            _fail(where("act_eps"), f"quant_divide = reciprocal needs act_eps >= 448 * 2^-126 (so that 1/s is "
+                                    f"finite), got {eps}")
     off, nloc = c.get("local_expert_offset"), c.get("local_num_experts")
     if off < 0:
         _fail(where("local_expert_offset"), f"must be >= 0, got {off}")
