@@ -6,10 +6,10 @@
 #include <map>
 #include <stdexcept>
 
+#include "reference/budget_model.hpp"
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "tools/backend_run.hpp"
-#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -134,12 +134,7 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
     }
     if (outputs.empty()) throw InputError(rd.path(), "/outputs", "the case holds no recorded output");
     for (const OutputInfo& o : outputs) {
-      std::string m = opt.budget_model;
-      if (m.empty()) {
-        const auto bm = o.attributes.find("budget_model");
-        const auto be = o.attributes.find("backend");
-        m = bm != o.attributes.end() ? bm->second : default_budget_model(be != o.attributes.end() ? be->second : "");
-      }
+      const std::string m = opt.budget_model.empty() ? budget_model_of_output(o.attributes) : opt.budget_model;
       Observation obs = observation_of(o.name, rd.read_output(o.name));
       if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
         throw InputError(rd.path(), "/outputs/" + o.name + "/output", "shape does not match [T, H]");

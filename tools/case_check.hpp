@@ -2,8 +2,7 @@
 // faults share with the `run` + `compare` pipeline, without writing the output into the case.
 //
 // The judgement is compare's: the quantized-tier float64 reference with the budget of the
-// backend's model (default_budget_model(backend): fp32 for emulated / faulty:*, hmma-f32 for
-// cuda, hopper for cublaslt and engines' dumps; reference/BUDGETS.md), every output element,
+// backend's model (default_budget_model(backend), reference/budget_model.hpp), every output element,
 // routing, per-expert bias and energy tests (reference/moe_compare.hpp). Nothing here loosens a
 // budget: a case passes exactly when `moecheck run CASE --backend B --expert-outputs && moecheck
 // compare CASE --output B` would exit 0.
