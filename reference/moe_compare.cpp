@@ -25,7 +25,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
                              const CompareOptions& opt) {
   check_shapes(p, ref, obs);
   CompareResult R;
-  R.name = obs.name, R.tokens = p.tokens, R.hidden = p.config.hidden_size, R.top_k = p.config.top_k;
+  R.name = obs.name, R.model = opt.model, R.tokens = p.tokens, R.hidden = p.config.hidden_size, R.top_k = p.config.top_k;
   R.elements = R.tokens * R.hidden;
 
   compare::JudgedReference J = compare::agree_routing(p, ref, obs, opt.model, R);

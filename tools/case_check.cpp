@@ -92,10 +92,12 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens) {
   return std::max<int64_t>(1, tokens * c.top_k * c.hidden_size / 2);
 }
 
-std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold) {
-  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {1}",
+std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
+                           const std::string& budget_model) {
+  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {1}{3}",
                      case_path, backend,
-                     int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "");
+                     int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "",
+                     budget_model.empty() ? "" : " --budget-model " + budget_model);
 }
 
 CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {

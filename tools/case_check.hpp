@@ -66,7 +66,9 @@ std::string failure_reason(const CompareResult& r);
 // the bug corpus emulate it at a threshold the tiny case reaches.
 int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens);
 
-// The command that replays a backend's judgement of a case through the ordinary pipeline.
-std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold);
+// The command that replays a backend's judgement of a case through the ordinary pipeline
+// (budget_model: the model named on the command line, "" for the backend's default).
+std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
+                           const std::string& budget_model = "");
 
 }  // namespace moecheck::cli
