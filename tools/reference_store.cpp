@@ -65,6 +65,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.budget = r.budget;
     d.slot_budget = r.slot_budget;
     d.noise_var = r.noise_var;
+    d.slot_flip_projection = r.slot_flip_projection;
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
 }
@@ -78,7 +79,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
     if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
-        stored->expert_outputs.size() == size_t(T * k * H)) {
+        stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
+        stored->slot_flip_projection.size() == size_t(T * k)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
@@ -90,6 +92,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.budget = std::move(stored->budget);
       r.slot_budget = std::move(stored->slot_budget);
       r.noise_var = std::move(stored->noise_var);
+      r.slot_flip_projection = std::move(stored->slot_flip_projection);
       *reused = true;
       return r;
     }

@@ -24,7 +24,8 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
                      const std::string& budget_model, bool expert_outputs, const std::string& out_path);
 
 // The quantized-tier reference with the budget of `model_name`: the stored one when its input
-// hash and budget model match (reused = true), else computed.
+// hash and budget model match and it holds every array the judgement reads (budgets, noise
+// variance, flip projections; reused = true), else computed. Either way the same judgement.
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
                                   bool progress, bool* reused);
 
