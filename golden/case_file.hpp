@@ -100,6 +100,7 @@ struct ReferenceData {
   std::vector<double> budget;            // [T, H] per-element budget of a correct device
   std::vector<double> slot_budget;       // [T, k, H] per-slot budget before weighting
   std::vector<double> noise_var;         // [T, H] noise variance of the aggregate tests
+  std::vector<double> slot_flip_projection;  // [T, k] re-quantization flips' projections (bias test's SE)
 };
 
 bool is_reference_tier(std::string_view tier);  // "ideal" | "quantized"

@@ -108,6 +108,7 @@ void write_reference(const H5::Group& reference, const std::string& tier, const 
   if (!r.budget.empty()) write_f64(g, "budget", {t, h}, r.budget);
   if (!r.slot_budget.empty()) write_f64(g, "slot_budget", {t, k, h}, r.slot_budget);
   if (!r.noise_var.empty()) write_f64(g, "noise_var", {t, h}, r.noise_var);
+  if (!r.slot_flip_projection.empty()) write_f64(g, "slot_flip_projection", {t, k}, r.slot_flip_projection);
 }
 
 std::string temporary_for(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }

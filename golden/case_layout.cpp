@@ -187,6 +187,7 @@ std::vector<Spec> reference_specs(const MoeConfig& c, bool ok, int64_t T) {
       {"budget", Encoding::f64, {t, h}, Presence::optional},
       {"slot_budget", Encoding::f64, {t, k, h}, Presence::optional},
       {"noise_var", Encoding::f64, {t, h}, Presence::optional},
+      {"slot_flip_projection", Encoding::f64, {t, k}, Presence::optional},
   };
 }
 

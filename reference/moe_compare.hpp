@@ -64,6 +64,7 @@ struct FamiliarMetrics {
 
 struct CompareResult {
   std::string name;
+  BudgetModel model;   // the budget model judged with (CompareOptions::model; names: budget_model.hpp)
   bool pass = true;
   int64_t tokens = 0, hidden = 0, top_k = 0;
   int64_t elements = 0, elements_over = 0;

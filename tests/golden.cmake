@@ -25,3 +25,7 @@ add_dependencies(golden_inspect_cli_test moecheck make_sample_case)
 moecheck_add_test(golden_corpus_test SOURCES golden_corpus_test.cpp ${golden_support} LABELS golden)
 # The pipeline commands through the binary (reference, run, compare, bench).
 moecheck_add_test(cli_commands_test SOURCES cli_commands_test.cpp ${golden_support} LABELS cli)
+# The judge through the binary (stored vs computed reference, --budget-model everywhere).
+moecheck_add_test(judge_cli_test SOURCES judge_cli_test.cpp ${golden_support} LABELS cli
+                  LIBS nlohmann_json::nlohmann_json)
+add_dependencies(judge_cli_test moecheck)

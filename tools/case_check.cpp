@@ -6,10 +6,10 @@
 #include <map>
 #include <stdexcept>
 
+#include "reference/budget_model.hpp"
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "tools/backend_run.hpp"
-#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -92,10 +92,12 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens) {
   return std::max<int64_t>(1, tokens * c.top_k * c.hidden_size / 2);
 }
 
-std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold) {
-  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {1}",
+std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
+                           const std::string& budget_model) {
+  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {1}{3}",
                      case_path, backend,
-                     int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "");
+                     int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "",
+                     budget_model.empty() ? "" : " --budget-model " + budget_model);
 }
 
 CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
@@ -134,12 +136,7 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
     }
     if (outputs.empty()) throw InputError(rd.path(), "/outputs", "the case holds no recorded output");
     for (const OutputInfo& o : outputs) {
-      std::string m = opt.budget_model;
-      if (m.empty()) {
-        const auto bm = o.attributes.find("budget_model");
-        const auto be = o.attributes.find("backend");
-        m = bm != o.attributes.end() ? bm->second : default_budget_model(be != o.attributes.end() ? be->second : "");
-      }
+      const std::string m = opt.budget_model.empty() ? budget_model_of_output(o.attributes) : opt.budget_model;
       Observation obs = observation_of(o.name, rd.read_output(o.name));
       if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
         throw InputError(rd.path(), "/outputs/" + o.name + "/output", "shape does not match [T, H]");

@@ -2,8 +2,7 @@
 // faults share with the `run` + `compare` pipeline, without writing the output into the case.
 //
 // The judgement is compare's: the quantized-tier float64 reference with the budget of the
-// backend's model (default_budget_model(backend): fp32 for emulated / faulty:*, hmma-f32 for
-// cuda, hopper for cublaslt and engines' dumps; reference/BUDGETS.md), every output element,
+// backend's model (default_budget_model(backend), reference/budget_model.hpp), every output element,
 // routing, per-expert bias and energy tests (reference/moe_compare.hpp). Nothing here loosens a
 // budget: a case passes exactly when `moecheck run CASE --backend B --expert-outputs && moecheck
 // compare CASE --output B` would exit 0.
@@ -67,7 +66,9 @@ std::string failure_reason(const CompareResult& r);
 // the bug corpus emulate it at a threshold the tiny case reaches.
 int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens);
 
-// The command that replays a backend's judgement of a case through the ordinary pipeline.
-std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold);
+// The command that replays a backend's judgement of a case through the ordinary pipeline
+// (budget_model: the model named on the command line, "" for the backend's default).
+std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
+                           const std::string& budget_model = "");
 
 }  // namespace moecheck::cli

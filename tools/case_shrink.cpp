@@ -217,6 +217,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   if (backend_mode && !opt.no_control) {
     control.backend = !opt.control.empty() ? opt.control : chk.backend.rfind("faulty:", 0) == 0 ? "emulated" : "";
     control.int32_threshold = chk.int32_threshold;
+    control.budget_model = chk.budget_model;
     if (!control.backend.empty() && check_case(case_path, control).status != CheckStatus::pass) {
       res.control_failed_initially = true;
       control.backend.clear();
@@ -351,13 +352,14 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   // The minimal case: what it was shrunk from and how to replay it, and (backend mode) the
   // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
   const std::string from = opt.origin.empty() ? case_path : opt.origin;
-  res.replay = backend_mode ? replay_command(out_path, chk.backend, chk.int32_threshold)
-                            : fmt::format("moecheck compare {} --output {}", out_path, chk.output);
+  const std::string model_opt = chk.budget_model.empty() ? "" : " --budget-model " + chk.budget_model;
+  res.replay = backend_mode ? replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model)
+                            : fmt::format("moecheck compare {} --output {}{}", out_path, chk.output, model_opt);
   CaseData out = cur;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
-      "moecheck shrink {} {}{} -o {}", case_path, backend_mode ? "--backend " + chk.backend : "--output " + chk.output,
-      chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", out_path);
+      "moecheck shrink {} {}{}{} -o {}", case_path, backend_mode ? "--backend " + chk.backend : "--output " + chk.output,
+      chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", model_opt, out_path);
   out.header.source = cur.header.source.empty() ? shrink_cmd : cur.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
       "minimal failing case, shrunk by moecheck {} from {} ({}); fails with {}: {}{}; replay: {}. Original: {}",
@@ -367,6 +369,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
     OutputData rec = to_output_data(*last.run);
     rec.attributes["replay"] = res.replay;
     if (chk.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk.int32_threshold);
+    if (!chk.budget_model.empty()) rec.attributes["budget_model"] = chk.budget_model;
     save(out, out_path, 6, chk.backend, &rec);
   } else {
     save(out, out_path, 6);

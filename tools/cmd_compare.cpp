@@ -4,7 +4,7 @@
 // 2 for bad input.
 //
 // Each output is judged with the budget model of the backend that made it (its budget_model
-// attribute, else by its backend attribute: tools/reference_store.hpp), or the one given with
+// attribute, else by its backend attribute: reference/budget_model.hpp), or the one given with
 // --budget-model. The quantized-tier reference of a model is computed once per model, or taken
 // from /reference/quantized when its input hash and budget model match the case.
 #include <chrono>
@@ -65,14 +65,9 @@ void register_compare(CLI::App& app) {
     // One reference per budget model.
     std::map<std::string, std::vector<size_t>> by_model;
     for (size_t i = 0; i < outputs.size(); ++i) {
-      std::string m = o->model;
-      if (m.empty()) {
-        const auto& a = outputs[i].attributes;
-        const auto bm = a.find("budget_model");
-        const auto be = a.find("backend");
-        m = bm != a.end() ? bm->second : default_budget_model(be != a.end() ? be->second : "");
-      }
-      parse_budget_model(m);  // a stored name we do not know is an input error
+      const std::string m = o->model.empty() ? budget_model_of_output(outputs[i].attributes) : o->model;
+      // A stored name we do not know is an input error.
+      parse_budget_model(m, r.path(), "/outputs/" + outputs[i].name + "@budget_model");
       by_model[m].push_back(i);
     }
     const auto t0 = std::chrono::steady_clock::now();

@@ -1,4 +1,4 @@
-// `moecheck repro CASE [--backend B | --output NAME] [--int32-threshold N]`: a bug-report block
+// `moecheck repro CASE [--backend B | --output NAME] [--int32-threshold N] [--budget-model M]`: a bug-report block
 // in Markdown, small enough to paste into an issue (about 60 lines at most): the moecheck version
 // and this machine, the case's config (every MoeConfig field), shapes, source and description,
 // the judged output's attributes (backend, device, created, tool_version), the verdict and its
@@ -16,6 +16,7 @@
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -41,7 +42,7 @@ std::string ids(const std::vector<int64_t>& v, size_t n = 12) {
 void register_repro(CLI::App& app) {
   auto* sub = app.add_subcommand("repro", "print a bug-report block (Markdown) for a case and a backend or output");
   struct Opts {
-    std::string path, backend, output;
+    std::string path, backend, output, model;
     int64_t int32_threshold = -1;
     size_t rows = 8;
   };
@@ -53,12 +54,16 @@ void register_repro(CLI::App& app) {
   sub->add_option("--int32-threshold", o->int32_threshold,
                   "faulty:int32_overflow: the wrap index (default: the recorded output's int32_threshold)");
   sub->add_option("--rows", o->rows, "expert rows shown (default 8, failing first)");
+  sub->add_option("--budget-model", o->model,
+                  "judge with this model (default: the backend's or the recorded output's): " + budget_model_names())
+      ->check(budget_model_validator());
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
     const CaseReader& rd = cp.reader();
     const MoeConfig& c = cp.config();
     CheckOptions chk;
     chk.backend = o->backend;
+    chk.budget_model = o->model;
     std::map<std::string, std::string> attrs;
     if (o->backend.empty()) {
       const auto outs = rd.outputs();
@@ -69,6 +74,7 @@ void register_repro(CLI::App& app) {
         for (const OutputInfo& oi : outs) {
           CheckOptions k;
           k.output = oi.name;
+          k.budget_model = o->model;
           if (check_problem(cp, k).failed()) {
             o->output = oi.name;
             break;
@@ -153,9 +159,10 @@ void register_repro(CLI::App& app) {
     }
     os << "\nreplay:\n\n```\n";
     if (o->backend.empty() && backend.rfind("faulty:", 0) != 0 && backend != "emulated")
-      os << fmt::format("moecheck compare {} --output {}\n", rd.path(), o->output);
+      os << fmt::format("moecheck compare {} --output {}{}\n", rd.path(), o->output,
+                        o->model.empty() ? "" : " --budget-model " + o->model);
     else
-      os << replay_command(rd.path(), backend, thr) << "\n";
+      os << replay_command(rd.path(), backend, thr, o->model) << "\n";
     os << "```\n";
     return out.status == CheckStatus::pass ? kExitOk : out.exit_code();
   });

@@ -1,5 +1,5 @@
 // `moecheck shrink CASE (--backend B | --output NAME) -o MIN [--max-attempts N]
-//  [--int32-threshold N] [--no-record]`: minimizes a failing case while it still fails
+//  [--int32-threshold N] [--budget-model M] [--no-record]`: minimizes a failing case while it still fails
 // (tools/case_shrink.hpp: fewer tokens, fewer experts, fewer 128-blocks of H and I, zeroed
 // groups) and writes MIN atomically, its description naming what it was shrunk from, the
 // failure and the replay command; with --backend the failing output is recorded in MIN as
@@ -12,6 +12,7 @@
 
 #include "tools/case_shrink.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -21,7 +22,7 @@ void register_shrink(CLI::App& app) {
     std::string path, backend, output, out;
     int max_attempts = 400;
     int64_t int32_threshold = 0;
-    std::string control;
+    std::string control, model;
     bool no_record = false, no_control = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -31,6 +32,9 @@ void register_shrink(CLI::App& app) {
   sub->add_option("-o", o->out, "the minimal case to write")->required();
   sub->add_option("--max-attempts", o->max_attempts, "candidates tried at most (default 400)");
   sub->add_option("--int32-threshold", o->int32_threshold, "faulty:int32_overflow: the wrap index");
+  sub->add_option("--budget-model", o->model,
+                  "judge with this model (default: the backend's or the recorded output's): " + budget_model_names())
+      ->check(budget_model_validator());
   sub->add_option("--control", o->control, "a backend that must pass on every kept candidate (default for faulty:*: emulated)");
   sub->add_flag("--no-control", o->no_control, "no control backend");
   sub->add_flag("--no-record", o->no_record, "do not record the failing output in the minimal case");
@@ -41,6 +45,7 @@ void register_shrink(CLI::App& app) {
     so.check.backend = o->backend;
     so.check.output = o->output;
     so.check.int32_threshold = o->int32_threshold;
+    so.check.budget_model = o->model;
     so.max_attempts = o->max_attempts;
     so.record = !o->no_record;
     so.control = o->control;

@@ -10,66 +10,17 @@
 
 namespace moecheck::cli {
 
-std::string budget_model_names() { return "fp32 | hmma-f32 | hopper | bits:N | trunc:N"; }
-
-namespace {
-std::optional<BudgetModel> try_parse(const std::string& s) {
-  BudgetModel m;
-  if (s == "fp32") {
-    m.acc = AccumulatorModel::fp32();
-    return m;
-  }
-  if (s == "hmma-f32") {
-    m.acc = AccumulatorModel::hmma_f32();
-    return m;
-  }
-  if (s == "hopper") {
-    m.acc = AccumulatorModel::hopper_tensor_core();
-    return m;
-  }
-  for (const char* prefix : {"bits:", "trunc:"}) {
-    const std::string p = prefix;
-    if (s.rfind(p, 0) != 0) continue;
-    try {
-      size_t used = 0;
-      const int n = std::stoi(s.substr(p.size()), &used);
-      if (used != s.size() - p.size() || n < 8 || n > 53) return std::nullopt;
-      m.acc.kept_bits = n;
-      m.acc.truncating = p == "trunc:";
-      return m;
-    } catch (...) {
-      return std::nullopt;
-    }
-  }
-  return std::nullopt;
-}
-}  // namespace
-
 CLI::Validator budget_model_validator() {
   return CLI::Validator(
       [](std::string& s) {
-        return try_parse(s) ? std::string() : "must be " + budget_model_names() + " (N in [8, 53])";
+        try {
+          parse_budget_model(s);
+          return std::string();
+        } catch (const InputError& e) {
+          return e.rule();
+        }
       },
       "MODEL");
-}
-
-BudgetModel parse_budget_model(const std::string& name) {
-  if (auto m = try_parse(name)) return *m;
-  throw InputError("", "--budget-model", "must be " + budget_model_names() + ", got '" + name + "'");
-}
-
-std::string budget_model_name(const AccumulatorModel& acc) {
-  if (acc.kept_bits == 24 && !acc.truncating) return "fp32";
-  if (acc == AccumulatorModel::hopper_tensor_core()) return "hopper";
-  if (acc.kept_bits == 24 && acc.truncating && acc.instr_k == 4) return "hmma-f32";
-  return fmt::format("{}:{}", acc.truncating ? "trunc" : "bits", acc.kept_bits);
-}
-
-std::string default_budget_model(const std::string& backend) {
-  const bool emulated = backend.rfind("emulated", 0) == 0 || backend.rfind("faulty:", 0) == 0;
-  if (emulated) return backend.find("@hopper") != std::string::npos ? "hopper" : "fp32";
-  if (backend == "cuda") return "hmma-f32";
-  return "hopper";
 }
 
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
@@ -114,6 +65,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.budget = r.budget;
     d.slot_budget = r.slot_budget;
     d.noise_var = r.noise_var;
+    d.slot_flip_projection = r.slot_flip_projection;
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
 }
@@ -127,7 +79,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
     if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
-        stored->expert_outputs.size() == size_t(T * k * H)) {
+        stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
+        stored->slot_flip_projection.size() == size_t(T * k)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
@@ -139,6 +92,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.budget = std::move(stored->budget);
       r.slot_budget = std::move(stored->slot_budget);
       r.noise_var = std::move(stored->noise_var);
+      r.slot_flip_projection = std::move(stored->slot_flip_projection);
       *reused = true;
       return r;
     }

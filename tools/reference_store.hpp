@@ -8,25 +8,13 @@
 #include <string>
 
 #include "golden/case_problem.hpp"
-#include "reference/moe_budget.hpp"
+#include "reference/budget_model.hpp"
 #include "reference/moe_forward.hpp"
 
 namespace moecheck::cli {
 
-// Budget models by name: "fp32" (round-to-nearest float32 accumulation: CPU backends, CUDA-core
-// code), "hmma-f32" (24-bit truncating sums of 4: f16 HMMA with float32 accumulation, what our
-// mma.sync kernels run), "hopper" (14 kept bits, truncating, 32 products per instruction: FP8
-// wgmma tensor cores), or
-// "bits:N" / "trunc:N" (N kept bits, round-to-nearest / truncating).
-std::string budget_model_names();
+// --budget-model's check: the names of reference/budget_model.hpp.
 CLI::Validator budget_model_validator();
-BudgetModel parse_budget_model(const std::string& name);
-std::string budget_model_name(const AccumulatorModel& acc);  // inverse of parse for the presets
-
-// The budget model a backend's outputs are judged with: emulated and faulty:* -> fp32 (float32
-// round-to-nearest on the CPU), cuda -> hmma-f32 (our mma.sync kernels), cublaslt and any other
-// (an engine's dump) -> hopper (FP8 tensor cores, the conservative model).
-std::string default_budget_model(const std::string& backend);
 
 // The forward of one tier (budget only for the quantized tier), with a progress line on stderr.
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
@@ -36,7 +24,8 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
                      const std::string& budget_model, bool expert_outputs, const std::string& out_path);
 
 // The quantized-tier reference with the budget of `model_name`: the stored one when its input
-// hash and budget model match (reused = true), else computed.
+// hash and budget model match and it holds every array the judgement reads (budgets, noise
+// variance, flip projections; reused = true), else computed. Either way the same judgement.
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
                                   bool progress, bool* reused);
 

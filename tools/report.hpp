@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "reference/moe_budget.hpp"
+#include "reference/budget_model.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/moe_config.hpp"
 
@@ -53,8 +53,8 @@ struct ReportContext {
 
 // One line naming the layer: "E=256 k=8 H=7168 I=2048 T=512 routing=deepseek_v3 ...".
 std::string config_summary(const MoeConfig& c, int64_t tokens = -1);
-// The budget model: accumulator (AccumulatorModel::describe()) and the float32 slack counts.
-std::string describe_budget_model(const BudgetModel& m);
+// The budget model's one-line description (reference/budget_model.hpp).
+using moecheck::describe_budget_model;
 
 struct Totals {
   int64_t outputs = 0, outputs_failed = 0;

@@ -28,11 +28,6 @@ std::string config_summary(const MoeConfig& c, int64_t tokens) {
   return s;
 }
 
-std::string describe_budget_model(const BudgetModel& m) {
-  return fmt::format("accumulator {}; float32 slack (ulps of 2^-24): scale {}, divide {}, silu {}, routing {}",
-                     m.acc.describe(), m.scale_ulps, m.divide_ulps, m.silu_ulps, m.routing_ulps);
-}
-
 Totals totals(const std::vector<CompareResult>& results) {
   Totals t;
   for (const CompareResult& r : results) {

@@ -199,6 +199,8 @@ std::string output_html(const CompareResult& r, const OutputData* data, size_t i
   if (r.worst_token >= 0) s += fmt::format(" at token {}, column {}", r.worst_token, r.worst_col);
   s += fmt::format("; {} of {} elements over budget; {} of {} checks failed.</p>", r.elements_over, r.elements,
                    r.checks_failed, r.checks);
+  s += fmt::format("<p>Budget model <b>{}</b>: {}.</p>", esc(budget_model_name(r.model.acc)),
+                   esc(describe_budget_model(r.model)));
   s += "<figure><figcaption>Max ratio per expert (bars by global expert id; dashed line: the budget)</figcaption>" +
        expert_bars_svg(r) + "</figure>";
   s += "<div class='charts'><figure><figcaption>Error against magnitude</figcaption>" + scatter_svg(r, data, index) +

@@ -60,6 +60,8 @@ Json output_json(const CompareResult& r) {
   Json o;
   o["name"] = r.name;
   o["status"] = status(r.pass);
+  o["budget_model"] = budget_model_name(r.model.acc);
+  o["budget_model_description"] = describe_budget_model(r.model);
   o["checks"] = r.checks;
   o["checks_failed"] = r.checks_failed;
   o["tokens"] = r.tokens;

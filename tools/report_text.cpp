@@ -174,6 +174,7 @@ void write_output(std::ostream& os, const CompareResult& r, const TextOptions& o
   // "FAIL  name: facts" on one line when it fits, else the facts on the next.
   const bool one_line = 6 + name.size() + 2 + facts.size() <= kWidth;
   os << st.verdict(r.pass, "PASS", "FAIL") << "  " << name << ":" << (one_line ? " " : "\n      ") << facts << '\n';
+  os << "  budget model: " << budget_model_name(r.model.acc) << "\n    " << describe_budget_model(r.model) << '\n';
   write_routing(os, r, opt);
   write_experts(os, r, opt, st);
   write_token_failures(os, r, opt);

@@ -1,0 +1,178 @@
+// Stage "routing" of compare_output (compare_stages.hpp): does the backend's expert set per token
+// agree with the reference's, and where it differs only by a near-tie (BUDGETS.md §6), which
+// reference should the token be judged against.
+//
+// A near-tie is a set that is a valid top-k once every selection score may move by delta =
+// routing_ulps 2^-24 of the token's largest score magnitude (the float32 evaluation of the
+// scores). Accepted tokens are re-run through the reference with the backend's experts and their
+// exact weights, and the re-run replaces the token's rows everywhere downstream. Without recorded
+// ids the only evidence is the output: a token whose margin is within 2 delta is re-run with the
+// single swap (last chosen <-> best admissible rejected expert), and the choice whose worst ratio
+// is smaller is kept.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+
+#include "reference/compare_stages.hpp"
+#include "reference/fp8_quant.hpp"
+#include "reference/moe_routing.hpp"
+
+namespace moecheck::compare {
+
+double ratio_of(double obs, double ref, double budget) {
+  if (!std::isfinite(obs)) return std::numeric_limits<double>::infinity();
+  const double d = std::fabs(obs - ref);
+  if (budget > 0) return d / budget;
+  return d == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+}
+
+namespace {
+
+std::vector<int32_t> sorted_row(const int32_t* p, int64_t k) {
+  std::vector<int32_t> v(p, p + k);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The rows `tokens` of p as a problem of its own (the vectors own the storage).
+struct SubProblem {
+  MoeProblem problem;
+  std::vector<float> hidden, logits, hscale;
+  std::vector<uint8_t> hcodes;
+};
+SubProblem subproblem(const MoeProblem& p, const std::vector<int64_t>& tokens) {
+  const MoeConfig& c = p.config;
+  const int64_t H = c.hidden_size, E = c.num_experts, hg = ceil_div(H, c.group_size);
+  SubProblem s;
+  for (int64_t t : tokens) {
+    s.hidden.insert(s.hidden.end(), p.hidden + t * H, p.hidden + (t + 1) * H);
+    s.logits.insert(s.logits.end(), p.logits + t * E, p.logits + (t + 1) * E);
+    if (p.hidden_fp8 && p.hidden_scale) {
+      s.hcodes.insert(s.hcodes.end(), p.hidden_fp8 + t * H, p.hidden_fp8 + (t + 1) * H);
+      s.hscale.insert(s.hscale.end(), p.hidden_scale + t * hg, p.hidden_scale + (t + 1) * hg);
+    }
+  }
+  s.problem = p;
+  s.problem.tokens = static_cast<int64_t>(tokens.size());
+  s.problem.hidden = s.hidden.data();
+  s.problem.logits = s.logits.data();
+  s.problem.hidden_fp8 = s.hcodes.empty() ? nullptr : s.hcodes.data();
+  s.problem.hidden_scale = s.hscale.empty() ? nullptr : s.hscale.data();
+  return s;
+}
+
+// Tokens to re-run and the expert set and weights to re-run each with.
+struct Reruns {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<double>> weights;
+  void add(int64_t t, std::vector<int32_t> i, std::vector<double> w) {
+    tokens.push_back(t), ids.push_back(std::move(i)), weights.push_back(std::move(w));
+  }
+};
+
+// Per token: accept, reject or propose a near-tie alternative.
+Reruns find_near_ties(const MoeProblem& p, const ForwardResult& ref, const Observation& obs, const BudgetModel& model,
+                      CompareResult& R) {
+  const MoeConfig& c = p.config;
+  const int64_t k = c.top_k;
+  const std::vector<int32_t>& ids = ref.routing.ids;
+  Reruns rr;
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const TokenScores s = selection_scores(c, p.logits + t * c.num_experts, p.bias);
+    const double mag = *std::max_element(s.magnitude.begin(), s.magnitude.end());
+    const double delta = model.routing_ulps * 0x1p-24 * std::max(mag, 1e-30);
+    if (!obs.topk_ids.empty()) {
+      if (sorted_row(&obs.topk_ids[t * k], k) == sorted_row(&ids[t * k], k)) continue;
+      const std::span<const int32_t> bid(&obs.topk_ids[t * k], k);
+      const TopkJudgement j = judge_topk(c, s, bid, delta);
+      if (j.valid) {
+        R.ambiguous.push_back(t);
+        rr.add(t, std::vector<int32_t>(bid.begin(), bid.end()), j.weights);
+      } else {
+        R.mismatched.push_back(t);
+      }
+    } else if (k < c.num_experts && ref.routing.margin[t] <= 2 * delta) {
+      // Candidate swap: the best admissible rejected expert replaces the last chosen one.
+      std::vector<int32_t> alt(&ids[t * k], &ids[t * k] + k);
+      int32_t best = -1;
+      for (int32_t e = 0; e < c.num_experts; ++e) {
+        if (std::find(alt.begin(), alt.end(), e) != alt.end()) continue;
+        std::vector<int32_t> trial(alt.begin(), alt.end() - 1);
+        trial.push_back(e);
+        if (judge_topk(c, s, trial, delta).valid && (best < 0 || s.sel[e] > s.sel[best])) best = e;
+      }
+      if (best >= 0) {
+        alt.back() = best;
+        std::vector<double> w = weights_for(c, s, alt);
+        rr.add(t, std::move(alt), std::move(w));
+      }
+    }
+  }
+  return rr;
+}
+
+// The reference of the re-run tokens alone, routed as `rr` says.
+ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const BudgetModel& model) {
+  const SubProblem sp = subproblem(p, rr.tokens);
+  Routing ov;
+  ov.tokens = static_cast<int64_t>(rr.tokens.size()), ov.top_k = p.config.top_k;
+  for (size_t i = 0; i < rr.tokens.size(); ++i) {
+    ov.ids.insert(ov.ids.end(), rr.ids[i].begin(), rr.ids[i].end());
+    ov.weights.insert(ov.weights.end(), rr.weights[i].begin(), rr.weights[i].end());
+  }
+  ov.margin.assign(rr.tokens.size(), 0.0), ov.margin_scale = ov.margin, ov.group_margin = ov.margin;
+  ov.group_margin_scale = ov.margin;
+  ForwardOptions fo;
+  fo.tier = Tier::quantized, fo.budget = &model, fo.routing_override = &ov;
+  return moe_forward(sp.problem, fo);
+}
+
+}  // namespace
+
+JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
+                              const BudgetModel& model, CompareResult& R) {
+  const int64_t T = p.tokens, H = p.config.hidden_size, k = p.config.top_k;
+  JudgedReference J{ref.output, ref.budget, ref.noise_var, ref.expert_outputs, ref.slot_budget,
+                    ref.slot_flip_projection, ref.routing.ids, ref.routing.weights};
+  if (J.noise_var.size() != J.output.size()) {  // a reference without the noise model: the budget's square
+    J.noise_var.resize(J.output.size());
+    for (size_t i = 0; i < J.output.size(); ++i) J.noise_var[i] = J.budget[i] * J.budget[i];
+  }
+  if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
+
+  const Reruns rr = find_near_ties(p, ref, obs, model, R);
+  if (!rr.tokens.empty()) {
+    const ForwardResult alt = rerun_reference(p, rr, model);
+    for (size_t i = 0; i < rr.tokens.size(); ++i) {
+      const int64_t t = rr.tokens[i];
+      bool take = !obs.topk_ids.empty();
+      if (!take) {  // keep the choice that explains the observation better
+        double worst_a = 0, worst_r = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          const double o = obs.output[t * H + h];
+          worst_r = std::max(worst_r, ratio_of(o, J.output[t * H + h], J.budget[t * H + h]));
+          worst_a = std::max(worst_a, ratio_of(o, alt.output[i * H + h], alt.budget[i * H + h]));
+        }
+        take = worst_a < worst_r;
+        if (take) R.ambiguous.push_back(t);
+      }
+      if (!take) continue;
+      std::copy_n(&alt.output[i * H], H, &J.output[t * H]);
+      std::copy_n(&alt.budget[i * H], H, &J.budget[t * H]);
+      std::copy_n(&alt.noise_var[i * H], H, &J.noise_var[t * H]);
+      std::copy_n(&alt.expert_outputs[i * k * H], k * H, &J.slot_output[t * k * H]);
+      std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
+      if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
+      std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
+      std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
+    }
+  }
+  std::sort(R.ambiguous.begin(), R.ambiguous.end());
+  R.ambiguous_tokens = static_cast<int64_t>(R.ambiguous.size());
+  R.mismatched_tokens = static_cast<int64_t>(R.mismatched.size()) + R.ambiguous_tokens;
+  return J;
+}
+
+}  // namespace moecheck::compare

@@ -1,0 +1,71 @@
+// The stages of compare_output (moe_compare.hpp), in the order it runs them. Each stage reads
+// what the earlier ones produced and fills its part of the CompareResult:
+//
+//   agree_routing      expert sets vs the reference; near-tie tokens re-run (BUDGETS.md §6)
+//   elementwise_ratios |observed - reference| / budget per output element and per slot
+//   attribute_failures which expert (or which token alone) an elementwise failure belongs to
+//   aggregate_tests    per-expert bias (scale) and energy tests (BUDGETS.md §7)
+//   familiar_metrics   the checks engines' own tests use (moe_compare.hpp)
+//   give_verdict       severity order, check counts, the output's status
+//
+// Internal to reference/: the contract for callers is moe_compare.hpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "reference/moe_compare.hpp"
+
+namespace moecheck::compare {
+
+// |obs - ref| / budget; infinite for a non-finite observation, and where a zero budget meets a
+// nonzero difference (LAPACK's convention: nothing may differ where the budget is 0).
+double ratio_of(double obs, double ref, double budget);
+
+// The reference as judged: the caller's ForwardResult with the near-tie tokens replaced by
+// their re-run (so every later stage sees one consistent reference). Arrays as ForwardResult.
+struct JudgedReference {
+  std::vector<double> output, budget, noise_var;  // [T, H]
+  std::vector<double> slot_output, slot_budget;   // [T, k, H]
+  std::vector<double> flip_projection;            // [T, k], or empty when the reference has none
+  std::vector<int32_t> ids;                       // [T, k]
+  std::vector<double> weights;                    // [T, k]
+};
+
+// Fills R.ambiguous, R.mismatched and their counts.
+JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
+                              const BudgetModel& model, CompareResult& R);
+
+// Per-element and per-slot ratios of one output against the judged reference.
+struct Ratios {
+  std::vector<double> token_max;  // [T] largest ratio of each token's output row
+  std::vector<double> slot_max;   // [T, k] largest ratio of each local slot (0 without slot outputs)
+  // [T, k, H] the observed slot outputs in the judged slot order (Observation::expert_outputs, or
+  // `reordered` when the backend's slot order differs); null without slot outputs.
+  const float* slots = nullptr;
+  std::vector<float> reordered;
+  bool have_slots = false;
+};
+// Fills R.ratio (when keep_ratios), R.elements_over, R.max_ratio, R.worst_token, R.worst_col.
+Ratios elementwise_ratios(const MoeProblem& p, const JudgedReference& J, const Observation& obs, bool keep_ratios,
+                          CompareResult& R);
+
+// Which expert each slot and failing token belongs to.
+struct Attribution {
+  std::map<int32_t, std::vector<int64_t>> slots_of;  // local expert -> its slots t*k+j, ascending
+  std::map<int32_t, size_t> index;                   // local expert -> its row of R.experts
+  std::vector<int32_t> owner;                        // [T] expert a failing token is blamed on, or -1
+};
+// Creates R.experts (one per local expert with a slot; tokens, slots, max_ratio, blamed) and
+// fills R.failing_tokens_unexplained.
+Attribution attribute_failures(const MoeProblem& p, const JudgedReference& J, const Ratios& X, CompareResult& R);
+
+// Fills each expert's bias and energy statistics and its pass.
+void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,
+                     const Attribution& A, const CompareOptions& opt, CompareResult& R);
+
+// Orders R.experts worst first, counts the checks, sets R.pass.
+void give_verdict(const CompareOptions& opt, CompareResult& R);
+
+}  // namespace moecheck::compare

@@ -1,0 +1,81 @@
+// The judge through the binary: the same data gives the same verdict whether the reference is
+// computed or read back from /reference/quantized, and every judging command takes
+// --budget-model and names the model in its report.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/golden_test_support.hpp"
+
+namespace moecheck {
+namespace {
+
+using test::run_process;
+
+test::RunResult moecheck(std::vector<std::string> args) {
+  args.insert(args.begin(), test::binary("moecheck"));
+  return run_process(args);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+// A faulty output on a fresh case (no stored reference yet).
+std::string faulty_case(test::TempDir& dir, const std::string& fault, int tokens = 16) {
+  const std::string c = dir.file("c.h5");
+  EXPECT_EQ(moecheck({"make-case", "--preset", "tiny-deepseek", "--tokens", std::to_string(tokens), "--seed", "1", "-q",
+                      "-o", c})
+                .exit_code,
+            0);
+  EXPECT_EQ(moecheck({"run", c, "--backend", fault}).exit_code, 0);
+  return c;
+}
+
+TEST(JudgeCli, StoredReferenceGivesTheSameVerdict) {
+  test::TempDir dir("judge-stored");
+  const std::string c = faulty_case(dir, "faulty:act_scale_transposed");
+  auto r = moecheck({"compare", c, "-q", "--json", dir.file("computed.json")});
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  ASSERT_EQ(moecheck({"reference", c, "-q"}).exit_code, 0);
+  r = moecheck({"compare", c, "--json", dir.file("stored.json")});
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  ASSERT_NE(r.err.find("reused from /reference/quantized"), std::string::npos) << r.err;
+  nlohmann::json a = read_json(dir.file("computed.json")), b = read_json(dir.file("stored.json"));
+  ASSERT_EQ(a["outputs"].size(), 1u);
+  // Every statistic of every expert, not only the verdicts.
+  const auto& ea = a["outputs"][0]["experts"];
+  const auto& eb = b["outputs"][0]["experts"];
+  ASSERT_EQ(ea.size(), eb.size());
+  for (size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_EQ(ea[i]["expert"], eb[i]["expert"]);
+    EXPECT_EQ(ea[i]["bias"], eb[i]["bias"]) << "expert " << ea[i]["expert"];
+    EXPECT_EQ(ea[i]["energy"], eb[i]["energy"]) << "expert " << ea[i]["expert"];
+  }
+  a.erase("reference_seconds"), b.erase("reference_seconds");
+  EXPECT_EQ(a, b);
+}
+
+TEST(JudgeCli, ShrinkAndReproTakeTheBudgetModel) {
+  test::TempDir dir("judge-model");
+  const std::string c = faulty_case(dir, "faulty:scaling_factor_twice", 4);
+  auto r = moecheck({"repro", c, "--backend", "emulated", "--budget-model", "hopper"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("budget model hopper"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--budget-model hopper"), std::string::npos) << r.out;  // in the replay command
+  r = moecheck({"repro", c, "--budget-model", "bits:99"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  r = moecheck({"shrink", c, "--output", "faulty:scaling_factor_twice", "--budget-model", "trunc:20", "-q", "-o",
+                dir.file("min.h5")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("--budget-model trunc:20"), std::string::npos) << r.out;
+  r = moecheck({"compare", dir.file("min.h5"), "-q", "--budget-model", "trunc:20", "--json", dir.file("min.json")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(read_json(dir.file("min.json"))["outputs"][0]["budget_model"], "trunc:20");
+  EXPECT_NE(r.out.find("budget model: trunc:20"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace moecheck
