@@ -130,7 +130,6 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
     const double flip_var = S.z_sq[x] > 0 ? S.flip_num[x] / (S.z_sq[x] * S.z_sq[x]) : 0.0;
     v.beta_se = fitted ? std::sqrt(std::max(cov(x, x), 0.0) + flip_var) : 0.0;
     v.beta_allow = allow;
-    v.beta_detectable = fitted ? v.beta_allow + opt.z * v.beta_se : 0.0;
     v.bias_ok = !(std::fabs(v.beta) > v.beta_allow + opt.z * v.beta_se);
     v.energy_ratio = S.en_pred[x] > 0 ? S.en_obs[x] / S.en_pred[x] : 0.0;
     // The energy is dominated by the largest elements: its spread follows the effective count

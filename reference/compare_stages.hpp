@@ -5,7 +5,6 @@
 //   elementwise_ratios |observed - reference| / budget per output element and per slot
 //   attribute_failures which expert (or which token alone) an elementwise failure belongs to
 //   aggregate_tests    per-expert bias (scale) and energy tests (BUDGETS.md §7)
-//   judge_power        what the check could have seen: smallest detectable errors, vacuity
 //   familiar_metrics   the checks engines' own tests use (moe_compare.hpp)
 //   give_verdict       severity order, check counts, the output's status
 //
@@ -65,9 +64,6 @@ Attribution attribute_failures(const MoeProblem& p, const JudgedReference& J, co
 // Fills each expert's bias and energy statistics and its pass.
 void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,
                      const Attribution& A, const CompareOptions& opt, CompareResult& R);
-
-// Fills R.power (BUDGETS.md §7, "Power"); after aggregate_tests.
-void judge_power(const JudgedReference& J, const CompareOptions& opt, CompareResult& R);
 
 // Orders R.experts worst first, counts the checks, sets R.pass.
 void give_verdict(const CompareOptions& opt, CompareResult& R);

@@ -1,7 +1,6 @@
 // Stage "verdict" of compare_output (compare_stages.hpp): the experts ordered worst first and the
 // output's checks counted. Per output: 3 checks per expert (elementwise, bias, energy), one for
-// routing (a mismatch that is not an accepted near-tie), one for token-local failures. A vacuous
-// output (judge_power) does not pass unless CompareOptions::allow_vacuous, whatever its checks.
+// routing (a mismatch that is not an accepted near-tie), one for token-local failures.
 #include <algorithm>
 #include <cmath>
 
@@ -23,14 +22,7 @@ void give_verdict(const CompareOptions& opt, CompareResult& R) {
   for (const auto& v : R.experts) R.checks_failed += (v.blamed || !(v.max_ratio <= 1.0)) + !v.bias_ok + !v.energy_ok;
   R.checks_failed += !R.mismatched.empty();
   R.checks_failed += !R.failing_tokens_unexplained.empty();
-  R.pass = R.checks_failed == 0 && (!R.power.vacuous || opt.allow_vacuous);
+  R.pass = R.checks_failed == 0;
 }
 
 }  // namespace moecheck::compare
-
-namespace moecheck {
-const char* verdict_label(const CompareResult& r) {
-  if (r.checks_failed > 0) return "fail";
-  return r.power.vacuous ? "vacuous" : r.pass ? "pass" : "fail";
-}
-}  // namespace moecheck

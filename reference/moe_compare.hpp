@@ -34,10 +34,6 @@ struct CompareOptions {
   BudgetModel model;
   double z = 5.0;           // sigma multiple of the aggregate tests (BUDGETS.md §7)
   bool keep_ratios = true;  // fill CompareResult::ratio (for the HTML heatmap)
-  // An output whose budget exceeds |reference| on more than this fraction of its elements is
-  // vacuous: the check could not tell it from zero or from its negative there (BUDGETS.md §7).
-  double vacuous_fraction = 0.5;
-  bool allow_vacuous = false;  // a vacuous output without failed checks counts as passing (still labelled vacuous)
 };
 
 struct ExpertVerdict {
@@ -47,7 +43,6 @@ struct ExpertVerdict {
   double rel_l2 = 0;        // of its contribution (expert outputs) or of its tokens' outputs
   bool blamed = false;      // elementwise failures attributed here
   double beta = 0, beta_se = 0, beta_allow = 0;  // bias test: fitted relative scale error
-  double beta_detectable = 0;                     // allow + z SE: the smallest scale error it detects (0: no data)
   bool bias_ok = true;
   double energy_ratio = 0, energy_limit = 0;     // energy test
   bool energy_ok = true;
@@ -67,22 +62,6 @@ struct FamiliarMetrics {
   bool deepgemm_pass = false, sglang_pass = false, vllm_pass = false, nmse_pass = false;
 };
 
-// What the judgement of one output could have seen, at its false-alarm level (BUDGETS.md §7,
-// "Power"). NaN where nothing was fitted (no expert with data, no token with a nonzero row).
-struct Power {
-  // Smallest relative scale error |s| the bias test detects: the output scaled as a whole by
-  // (1 + s) (every expert's beta moves by s: the most sensitive expert decides), and the
-  // contribution of any single expert scaled (the least sensitive one decides). Per expert the
-  // figure is beta_allow + z beta_se.
-  double scale_output = 0, scale_any_expert = 0;
-  // Relative L2 change of one token's output row above which the elementwise test flags it,
-  // whatever its direction: ||budget_t|| / ||reference_t||; the largest over the tokens (any
-  // token) and the median token.
-  double token_rel_l2 = 0, token_rel_l2_median = 0;
-  double over_magnitude = 0;  // fraction of elements whose budget exceeds |reference|
-  bool vacuous = false;       // over_magnitude > CompareOptions::vacuous_fraction
-};
-
 struct CompareResult {
   std::string name;
   BudgetModel model;   // the budget model judged with (CompareOptions::model; names: budget_model.hpp)
@@ -98,7 +77,6 @@ struct CompareResult {
   std::vector<ExpertVerdict> experts;          // sorted worst first
   FamiliarMetrics metrics;
   int64_t checks = 0, checks_failed = 0;
-  Power power;
   std::vector<float> ratio;                    // [T, H] when keep_ratios (inf for non-finite)
   std::vector<double> reference_output;        // [T, H] the reference used (after near-tie re-runs)
 };
@@ -106,9 +84,6 @@ struct CompareResult {
 // ref: moe_forward(p, {tier = quantized, budget = &opt.model}) of the same problem.
 CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
                              const CompareOptions& opt);
-
-// "fail" when a check failed, else "vacuous" when the output is vacuous, else "pass".
-const char* verdict_label(const CompareResult& r);
 
 FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vector<float>& obs);
 

@@ -73,9 +73,6 @@ std::string failure_reason(const CompareResult& r) {
   if (!bias.empty()) parts.push_back(fmt::format("scale (bias) test fails on expert{} {}", bias.size() > 1 ? "s" : "", id_list(bias)));
   if (!energy.empty())
     parts.push_back(fmt::format("energy test fails on expert{} {}", energy.size() > 1 ? "s" : "", id_list(energy)));
-  if (r.power.vacuous && !r.pass)
-    parts.push_back(fmt::format("vacuous: the budget exceeds |reference| on {:.0f}% of the elements (budget model {})",
-                                100 * r.power.over_magnitude, budget_model_name(r.model.acc)));
   if (!r.failing_tokens_unexplained.empty())
     parts.push_back(fmt::format("token{} {} fail{} alone", r.failing_tokens_unexplained.size() > 1 ? "s" : "",
                                 id_list(r.failing_tokens_unexplained), r.failing_tokens_unexplained.size() > 1 ? "" : "s"));
@@ -160,7 +157,6 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
     CompareOptions copt;
     copt.model = model;
     copt.keep_ratios = opt.keep_ratios;
-    copt.allow_vacuous = opt.allow_vacuous;
     out.results.push_back(compare_output(cp.problem(), ref->second, it.obs, copt));
     out.budget_models.push_back(it.model);
   }

@@ -32,11 +32,7 @@ Json expert_json(const ExpertVerdict& v) {
   e["max_ratio"] = real(v.max_ratio);
   e["rel_l2"] = real(v.rel_l2);
   e["blamed"] = v.blamed;
-  e["bias"] = {{"beta", real(v.beta)},
-               {"se", real(v.beta_se)},
-               {"allow", real(v.beta_allow)},
-               {"ok", v.bias_ok},
-               {"detectable", real(v.beta_detectable)}};
+  e["bias"] = {{"beta", real(v.beta)}, {"se", real(v.beta_se)}, {"allow", real(v.beta_allow)}, {"ok", v.bias_ok}};
   e["energy"] = {{"ratio", real(v.energy_ratio)}, {"limit", real(v.energy_limit)}, {"ok", v.energy_ok}};
   e["status"] = status(v.pass);
   return e;
@@ -63,7 +59,7 @@ Json metrics_json(const FamiliarMetrics& m) {
 Json output_json(const CompareResult& r) {
   Json o;
   o["name"] = r.name;
-  o["status"] = verdict_label(r);
+  o["status"] = status(r.pass);
   o["budget_model"] = budget_model_name(r.model.acc);
   o["budget_model_description"] = describe_budget_model(r.model);
   o["checks"] = r.checks;
@@ -90,12 +86,6 @@ Json output_json(const CompareResult& r) {
     failures.push_back({{"token", t}, {"max_ratio", have ? real(m) : Json(nullptr)}, {"col", have ? Json(col) : Json(nullptr)}});
   }
   o["token_failures"] = std::move(failures);
-  o["power"] = {{"scale_error", real(r.power.scale_output)},
-                {"scale_error_any_expert", real(r.power.scale_any_expert)},
-                {"token_rel_l2", real(r.power.token_rel_l2)},
-                {"token_rel_l2_median", real(r.power.token_rel_l2_median)},
-                {"budget_over_magnitude", real(r.power.over_magnitude)},
-                {"vacuous", r.power.vacuous}};
   o["metrics"] = metrics_json(r.metrics);
   return o;
 }
@@ -112,7 +102,7 @@ std::string render_json(const ReportContext& ctx, const std::vector<CompareResul
   doc["tier"] = ctx.tier;
   doc["budget_model"] = ctx.budget_model;
   doc["reference_seconds"] = ctx.reference_seconds >= 0 ? Json(ctx.reference_seconds) : Json(nullptr);
-  doc["status"] = !t.pass() && t.checks_failed == 0 && t.outputs_vacuous > 0 ? "vacuous" : status(t.pass());
+  doc["status"] = status(t.pass());
   doc["checks"] = t.checks;
   doc["checks_failed"] = t.checks_failed;
   doc["summary"] = closing_line(t);

@@ -173,12 +173,8 @@ void write_output(std::ostream& os, const CompareResult& r, const TextOptions& o
   facts += fmt::format("; {} of {} elements over budget", r.elements_over, r.elements);
   // "FAIL  name: facts" on one line when it fits, else the facts on the next.
   const bool one_line = 6 + name.size() + 2 + facts.size() <= kWidth;
-  const std::string word = verdict_word(r);
-  os << st.verdict(word == "PASS", word.c_str(), word.c_str()) << std::string(word.size() < 4 ? 4 - word.size() : 0, ' ')
-     << "  " << name << ":" << (one_line ? " " : "\n      ") << facts << '\n';
+  os << st.verdict(r.pass, "PASS", "FAIL") << "  " << name << ":" << (one_line ? " " : "\n      ") << facts << '\n';
   os << "  budget model: " << budget_model_name(r.model.acc) << "\n    " << describe_budget_model(r.model) << '\n';
-  os << "  power (what this check could have seen):\n";
-  for (const std::string& line : power_lines(r)) os << "    " << line << '\n';
   write_routing(os, r, opt);
   write_experts(os, r, opt, st);
   write_token_failures(os, r, opt);
