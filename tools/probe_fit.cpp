@@ -35,8 +35,9 @@ float model_output(const TensorCoreModel& model, const ProbeRun& run, int64_t i)
                   kernels::kProbeInstrK, t.nk, t.c[i]);
 }
 
-template <class F>
-void parallel_for(int64_t n, int threads, F f) {
+}  // namespace
+
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& f) {
   threads = std::max(1, std::min<int>(threads, int(std::max<int64_t>(1, n))));
   std::atomic<int64_t> next{0};
   std::vector<std::thread> pool;
@@ -46,8 +47,6 @@ void parallel_for(int64_t n, int threads, F f) {
     });
   for (auto& th : pool) th.join();
 }
-
-}  // namespace
 
 Mismatches check_model(const TensorCoreModel& model, const ProbeRun& run, int64_t stride, int64_t stop_after) {
   Mismatches r;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,5 +56,8 @@ void write_probe_dump(const std::string& dir, uint64_t seed, const std::vector<P
 std::vector<ProbeRun> read_probe_dump(const std::string& dir, uint64_t* seed);
 
 uint64_t probe_input_hash(const kernels::ProbeTiles& t);
+
+// f(i) for i < n on `threads` threads (an atomic counter hands out the indices).
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& f);
 
 }  // namespace moecheck::probe

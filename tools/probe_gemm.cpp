@@ -8,23 +8,13 @@
 
 #include "reference/counter_rng.hpp"
 #include "reference/fp8_formats.hpp"
+#include "tools/probe_fit.hpp"
 
 namespace moecheck::probe {
 
 namespace {
 
 constexpr int64_t kBlock = 128;
-
-template <class F>
-void parallel_rows(int64_t n, int threads, F f) {
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::max(1, threads); ++t)
-    pool.emplace_back([&] {
-      for (int64_t i; (i = next.fetch_add(1)) < n;) f(i);
-    });
-  for (auto& th : pool) th.join();
-}
 
 // Quantizes v (n values) to e4m3 with one float32 scale amax / 448 (the recipe's rule).
 float quantize_group(const double* v, int64_t n, uint8_t* codes) {
@@ -79,7 +69,7 @@ std::vector<GemmCompositionResult> fit_gemm_composition(const GemmProbeCase& c, 
   const int64_t L = c.k / kBlock;
   // The block sums p_b of every output, from the instruction model (the costly part, done once).
   std::vector<float> p(size_t(c.m * c.n * L));
-  parallel_rows(c.m, threads, [&](int64_t m) {
+  parallel_for(c.m, threads, [&](int64_t m) {
     for (int64_t n = 0; n < c.n; ++n)
       for (int64_t b = 0; b < L; ++b)
         p[size_t((m * c.n + n) * L + b)] =
@@ -94,7 +84,7 @@ std::vector<GemmCompositionResult> fit_gemm_composition(const GemmProbeCase& c, 
   std::vector<GemmCompositionResult> out;
   auto score = [&](const std::string& name, auto&& value) {
     std::atomic<int64_t> bad{0};
-    parallel_rows(c.m, threads, [&](int64_t m) {
+    parallel_for(c.m, threads, [&](int64_t m) {
       int64_t local = 0;
       for (int64_t n = 0; n < c.n; ++n)
         if (value(m, n) != c.d[size_t(m * c.n + n)]) ++local;
