@@ -115,6 +115,18 @@ TEST(Gate, FaultyBackendFailsShrinksAndReplays) {
   EXPECT_NE(xml.find("replay: moecheck gate --backend " + fault), std::string::npos);
 }
 
+TEST(Gate, HopperEmulationPassesUnderTheDerivedModelAndAFaultIsCaught) {
+  // emulated@hopper sums each GEMM block as the measured H200 wgmma does (bit for bit); it is
+  // judged by the derived `hopper` budget (p = 14 with the exponent-field alignment floors).
+  const auto ok = moecheck({"gate", "--backend", "emulated@hopper", "--cases", "6", "--seed", "1", "--no-golden", "-q"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  const auto bad = moecheck({"gate", "--backend", "faulty:gate_up_swap@hopper", "--cases", "4", "--seed", "1",
+                             "--no-golden", "--shrink", "0", "-q"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("faulty:gate_up_swap@hopper"), std::string::npos) << bad.out;
+  EXPECT_EQ(moecheck({"gate", "--backend", "cuda@hopper", "--cases", "1"}).exit_code, 2);
+}
+
 TEST(Shrink, ReducesACaseThatStillFails) {
   test::TempDir dir("shrink");
   const std::string c = dir.file("c.h5"), min = dir.file("min.h5");
