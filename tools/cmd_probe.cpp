@@ -38,7 +38,7 @@ struct ProbeOptions {
 std::vector<probe::ProbeRun> run_on_device(const ProbeOptions& o) {
 #ifdef MOECHECK_HAVE_CUDA
   std::string why, name;
-  if (!kernels::probe_device_usable(&why, &name)) throw InputError("", "--backend", why);
+  if (!kernels::probe_device_usable(&why, &name)) throw InputError("", "probe", why + " (use --from DIR to fit outputs dumped on a GPU machine)");
   std::cerr << "probe: device " << name << "\n";
   std::vector<kernels::ProbeInstruction> forms;
   if (o.instruction != "mma-sync") forms.push_back(kernels::ProbeInstruction::wgmma);
