@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/device_buffer.hpp"
 #include "kernels/fp8_block_scale_moe.hpp"
 #include "kernels/moe_stages.hpp"
 #include "reference/errors.hpp"
@@ -15,37 +16,6 @@
 #include "kernels/cublaslt_moe.hpp"
 
 namespace moecheck::kernels {
-
-namespace {
-// A device allocation that frees itself.
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n) MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  ~DeviceBuffer() {
-    if (p) cudaFree(p);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void upload(const void* src, size_t n, size_t offset = 0) {
-    MOECHECK_CUDA_CHECK(cudaMemcpy(static_cast<char*>(p) + offset, src, n, cudaMemcpyHostToDevice));
-  }
-  void poison() {  // 0xFF bytes: NaN in float, bf16 and e4m3
-    if (bytes) MOECHECK_CUDA_CHECK(cudaMemset(p, 0xFF, bytes));
-  }
-};
-template <class T>
-void download(std::vector<T>& dst, const DeviceBuffer& b, size_t count) {
-  dst.resize(count);
-  if (count) MOECHECK_CUDA_CHECK(cudaMemcpy(dst.data(), b.p, count * sizeof(T), cudaMemcpyDeviceToHost));
-}
-}  // namespace
 
 GpuInfo probe_gpu() {
   GpuInfo g;

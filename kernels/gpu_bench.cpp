@@ -17,29 +17,13 @@
 #include "kernels/bench_fill.hpp"
 #include "kernels/cublaslt_moe.hpp"
 #include "kernels/cuda_check.hpp"
+#include "kernels/device_buffer.hpp"
 #include "kernels/fp8_block_scale_moe.hpp"
 #include "reference/errors.hpp"
 
 namespace moecheck::kernels {
 
 namespace {
-
-struct DeviceMemory {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceMemory(size_t n) : bytes(n) {
-    if (n) MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  ~DeviceMemory() {
-    if (p) cudaFree(p);
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
 
 struct Events {
   std::vector<cudaEvent_t> e;
@@ -71,7 +55,7 @@ double quantile_of(std::vector<double> v, double q) {
 // Device-to-device copy rate: (read + write bytes) / time, median of 10 copies of 1 GiB.
 double measure_copy_gbs(cudaStream_t s) {
   const size_t n = size_t{1} << 30;
-  DeviceMemory a(n), b(n);
+  DeviceBuffer a(n), b(n);
   MOECHECK_CUDA_CHECK(cudaMemsetAsync(a.p, 1, n, s));
   Events ev;
   std::vector<double> ms;
@@ -118,7 +102,7 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
 
   progress("filling the layer on the device: " + std::to_string(El) + " experts, " +
            std::to_string(res.weight_gib).substr(0, 5) + " GiB of FP8 weights and scales");
-  DeviceMemory w13(w13_n), w2(w2_n), s13(4 * s13_n), s2(4 * s2_n);
+  DeviceBuffer w13(w13_n), w2(w2_n), s13(4 * s13_n), s2(4 * s2_n);
   // Block scales ~2^-7: dequantized weights of order 448 / 128 ~ 3.5 at most, outputs O(10-100)
   // on the normal-ish inputs below, far from float32 or bf16 overflow.
   fill_fp8(w13.p, w13_n, o.seed * 8 + 1);
@@ -126,13 +110,13 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   fill_float(s13.p, s13_n, o.seed * 8 + 3, 1.0f / 128, true);
   fill_float(s2.p, s2_n, o.seed * 8 + 4, 1.0f / 128, true);
   const int sets = std::max(1, o.input_sets);
-  DeviceMemory hidden(2 * size_t(T_max * H) * sets), logits(4 * size_t(T_max * E) * sets),
+  DeviceBuffer hidden(2 * size_t(T_max * H) * sets), logits(4 * size_t(T_max * E) * sets),
       bias(o.routing_bias ? 4 * size_t(E) : 0), out(2 * size_t(T_max * H));
   fill_bf16(hidden.p, size_t(T_max * H) * sets, o.seed * 8 + 5);
   fill_float(logits.p, size_t(T_max * E) * sets, o.seed * 8 + 6, 1.0f, false);
   if (o.routing_bias) fill_float(bias.p, size_t(E), o.seed * 8 + 7, 0.1f, false);
   const size_t flush_n = std::max<size_t>(size_t(2) * l2, size_t(256) << 20);
-  DeviceMemory flush(flush_n);
+  DeviceBuffer flush(flush_n);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
 
   std::unique_ptr<MoeWorkspace> ws_cuda;

@@ -24,6 +24,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/device_buffer.hpp"
 #include "kernels/mma_probe.hpp"
 
 namespace moecheck::kernels {
@@ -148,40 +149,26 @@ __global__ void mma_sync_probe_kernel(const uint8_t* __restrict__ a, const uint8
 #endif
 }
 
-template <class T>
-struct DeviceArray {
-  T* p = nullptr;
-  explicit DeviceArray(size_t n) { MOECHECK_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T) + 1)); }
-  ~DeviceArray() { cudaFree(p); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-};
 
 std::vector<float> launch(const ProbeTiles& t, ProbeInstruction ins, DescOffsets o_a, DescOffsets o_b) {
   if (t.nk < 1 || t.nk > kMaxNk) throw std::runtime_error("probe: nk must be in [1, 8]");
   if (t.tiles <= 0) return {};
-  DeviceArray<uint8_t> a(t.a.size()), b(t.b.size());
-  DeviceArray<float> c(t.c.size()), d(t.c.size());
-  MOECHECK_CUDA_CHECK(cudaMemcpy(a.p, t.a.data(), t.a.size(), cudaMemcpyHostToDevice));
-  MOECHECK_CUDA_CHECK(cudaMemcpy(b.p, t.b.data(), t.b.size(), cudaMemcpyHostToDevice));
-  MOECHECK_CUDA_CHECK(cudaMemcpy(c.p, t.c.data(), t.c.size() * sizeof(float), cudaMemcpyHostToDevice));
-  MOECHECK_CUDA_CHECK(cudaMemset(d.p, 0xFF, t.c.size() * sizeof(float)));  // poison: NaN
+  DeviceBuffer a(t.a.size()), b(t.b.size()), c(t.c.size() * sizeof(float)), d(t.c.size() * sizeof(float));
+  upload_all(a, t.a), upload_all(b, t.b), upload_all(c, t.c);
+  d.poison();  // NaN
   const int grid = int(std::min<int64_t>(t.tiles, 132 * 8));
   if (ins == ProbeInstruction::wgmma) {
-    wgmma_probe_kernel<<<grid, 128>>>(a.p, b.p, c.p, d.p, t.tiles, t.nk, o_a, o_b);
+    wgmma_probe_kernel<<<grid, 128>>>(a.as<uint8_t>(), b.as<uint8_t>(), c.as<float>(), d.as<float>(), t.tiles, t.nk, o_a, o_b);
     MOECHECK_CUDA_CHECK_LAUNCH("wgmma_probe_kernel");
   } else {
-    mma_sync_probe_kernel<<<grid, 128>>>(a.p, b.p, c.p, d.p, t.tiles, t.nk);
+    mma_sync_probe_kernel<<<grid, 128>>>(a.as<uint8_t>(), b.as<uint8_t>(), c.as<float>(), d.as<float>(), t.tiles, t.nk);
     MOECHECK_CUDA_CHECK_LAUNCH("mma_sync_probe_kernel");
   }
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> out(t.c.size());
-  MOECHECK_CUDA_CHECK(cudaMemcpy(out.data(), d.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &out[i], 4);
-    if (bits == 0xFFFFFFFFu) throw std::runtime_error("probe: output element " + std::to_string(i) + " was not written");
-  }
+  std::vector<float> out;
+  download(out, d, t.c.size());
+  if (const long long i = first_poisoned(out); i >= 0)
+    throw std::runtime_error("probe: output element " + std::to_string(i) + " was not written");
   return out;
 }
 
