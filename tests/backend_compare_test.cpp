@@ -21,16 +21,8 @@ namespace moecheck {
 namespace {
 
 using testing::make_small_layer;
+using testing::observe;
 using testing::SmallLayer;
-
-Observation observe(const BackendOutput& b) {
-  Observation o;
-  o.name = b.backend;
-  for (uint16_t v : b.output_bf16) o.output.push_back(bf16_decode(v));
-  o.topk_ids = b.topk_ids;
-  o.expert_outputs = b.expert_outputs;
-  return o;
-}
 
 // A random configuration from one seed: every routing method, scale format, intermediate and
 // routing-weight precision, gate/up layout, EP shards and ragged-free sizes up to 384.

@@ -25,10 +25,7 @@ namespace {
 using nlohmann::json;
 using test::run_process;
 
-test::RunResult moecheck(std::vector<std::string> args) {
-  args.insert(args.begin(), test::binary("moecheck"));
-  return run_process(args);
-}
+const auto moecheck = test::run_moecheck;
 
 json read_json(const std::string& path) {
   std::ifstream f(path);

@@ -28,10 +28,7 @@ namespace {
 using namespace testing::ckpt;
 using test::run_process;
 
-test::RunResult moecheck(std::vector<std::string> args) {
-  args.insert(args.begin(), test::binary("moecheck"));
-  return run_process(args);
-}
+const auto moecheck = test::run_moecheck;
 
 // The case's expert slot must hold exactly the checkpoint's expert `e`, rows/columns
 // [off, off + Il) of the intermediate dimension, packed per the layout.

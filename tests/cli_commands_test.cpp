@@ -14,10 +14,7 @@ namespace {
 
 using test::run_process;
 
-test::RunResult moecheck(std::vector<std::string> args) {
-  args.insert(args.begin(), test::binary("moecheck"));
-  return run_process(args);
-}
+const auto moecheck = test::run_moecheck;
 
 TEST(CliPipeline, ReferenceRunCompare) {
   test::TempDir dir("cli-pipeline");

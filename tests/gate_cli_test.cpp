@@ -19,10 +19,7 @@ namespace {
 
 using test::run_process;
 
-test::RunResult moecheck(std::vector<std::string> args) {
-  args.insert(args.begin(), test::binary("moecheck"));
-  return run_process(args);
-}
+const auto moecheck = test::run_moecheck;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);

@@ -192,4 +192,9 @@ std::string source_path(const std::string& rel) {
   return (std::filesystem::path(dir) / rel).string();
 }
 
+RunResult run_moecheck(std::vector<std::string> args) {
+  args.insert(args.begin(), binary("moecheck"));
+  return run_process(args);
+}
+
 }  // namespace moecheck::test

@@ -68,6 +68,9 @@ struct RunResult {
 // Runs argv[0] (a path) with its arguments, capturing stdout and stderr.
 RunResult run_process(const std::vector<std::string>& argv);
 
+// The built moecheck binary run with these arguments.
+RunResult run_moecheck(std::vector<std::string> args);
+
 // $MOECHECK_BINARY_DIR/<name> and $MOECHECK_SOURCE_DIR/<rel>.
 std::string binary(const std::string& name);
 std::string source_path(const std::string& rel);

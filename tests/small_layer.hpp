@@ -12,7 +12,9 @@
 #include "reference/counter_rng.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
+#include "kernels/backend_output.hpp"
 
 namespace moecheck::testing {
 
@@ -88,6 +90,16 @@ inline SmallLayer make_small_layer(const MoeConfig& c, int64_t T, uint64_t seed,
     L.stored.push_back(e);
   }
   return L;
+}
+
+// A backend's run as the judge's Observation (its bf16 output decoded, ids, slot outputs).
+inline Observation observe(const BackendOutput& b) {
+  Observation o;
+  o.name = b.backend;
+  for (uint16_t v : b.output_bf16) o.output.push_back(bf16_decode(v));
+  o.topk_ids = b.topk_ids;
+  o.expert_outputs = b.expert_outputs;
+  return o;
 }
 
 }  // namespace moecheck::testing
