@@ -80,6 +80,10 @@ FaultCase trigger_case(Fault f) {
     case Fault::weight_scale_transposed:
     case Fault::empty_expert_garbage:
     case Fault::no_renormalize:
+    case Fault::w2_scale_doubled:
+    case Fault::no_requant:
+    case Fault::output_scale_2pct:
+    case Fault::last_token_zeroed:
       return layer(base, 16, 101, true);
     case Fault::bias_bf16:
       return bias_tie_case();
@@ -117,7 +121,7 @@ TEST(EmulatedFaults, NamesRoundTrip) {
   EXPECT_EQ(to_string(Fault::none), "none");
   EXPECT_EQ(parse_fault("none"), Fault::none);
   EXPECT_EQ(parse_fault("bogus"), std::nullopt);
-  EXPECT_EQ(all_faults().size(), 14u);
+  EXPECT_EQ(all_faults().size(), 18u);
   for (Fault f : all_faults()) EXPECT_EQ(parse_fault(to_string(f)), f) << f;
 }
 

@@ -53,6 +53,7 @@ struct Layer {
   std::vector<int64_t> row;   // [T, k] row of slot_out, -1 when the slot is not local
   std::vector<float> slot_out;  // [local slots, H] GEMM2 outputs
   int64_t garbage_expert = -1;
+  int64_t doubled_expert = -1;  // Fault::w2_scale_doubled
   std::mutex load_mutex;
 
   void run_expert(int64_t wid, const std::vector<int64_t>& slots);
@@ -88,7 +89,10 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
       sa[m * KBH + b] = opt.fault == Fault::act_scale_transposed ? act_scales[b * T + t] : act_scales[t * KBH + b];
   }
   const std::vector<float> s13 = weight_scales(wt.w13_scale, (2 * I + G - 1) / G, KBH, opt.fault);
-  const std::vector<float> s2 = weight_scales(wt.w2_scale, (H + G - 1) / G, KBI, opt.fault);
+  std::vector<float> s2 = weight_scales(wt.w2_scale, (H + G - 1) / G, KBI, opt.fault);
+  // faulty w2_scale_doubled: one expert's down-projection scale applied twice over
+  if (wid == doubled_expert)
+    for (float& v : s2) v *= 2.0f;
 
   // GEMM1, rounded to intermediate_dtype.
   std::vector<float> x(M * 2 * I);
@@ -115,7 +119,13 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
 
   // GEMM2 straight into the slots' rows, rounded to expert_output_dtype.
   std::vector<float> y(M * H);
-  gemm(M, H, I, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
+  if (opt.fault == Fault::no_requant) {
+    // faulty no_requant: the intermediate goes to GEMM2 unquantized (unit scales, float32 sums)
+    std::fill(hs.begin(), hs.end(), 1.0f);
+    block_scale_gemm(M, H, I, G, h.data(), hs.data(), wt.w2, s2.data(), y.data());
+  } else {
+    gemm(M, H, I, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
+  }
   for (float& v : y) v = round_to(v, p.config.recipe.expert_output_dtype);
   // faulty empty_expert_garbage: BUG-CLASSES #11/#13 (rows of a sparsely used expert never written)
   if (wid == garbage_expert) std::fill(y.begin(), y.end(), kGarbage);
@@ -217,6 +227,12 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
       if (slots_of[li].size() < slots_of[best].size()) best = li;
     L.garbage_expert = off + best;
   }
+  if (opt.fault == Fault::w2_scale_doubled && !tasks.empty()) {
+    int64_t best = tasks[0];
+    for (int64_t li : tasks)
+      if (slots_of[li].size() > slots_of[best].size()) best = li;
+    L.doubled_expert = off + best;
+  }
   if (EmulatedTrace* tr = opt.trace) {
     tr->act_codes.assign(L.act_codes, L.act_codes + T * H);
     tr->act_scales.assign(L.act_scales, L.act_scales + T * L.KBH);
@@ -262,6 +278,12 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   const int64_t wrap = opt.fault == Fault::int32_overflow && rows * H > thr ? thr : 0;
   emulated::finalize(c.recipe.combine, T, k, H, out.topk_ids.data(), L.weights.data(), L.row.data(),
                      L.slot_out.data(), wrap, out.output_bf16.data());
+  // faulty output_scale_2pct: a constant 2% off, applied to the float32 output before its rounding
+  // (here to the bf16 output, rounded again: the same to within one bf16 step)
+  if (opt.fault == Fault::output_scale_2pct)
+    for (uint16_t& v : out.output_bf16) v = bf16_encode(bf16_decode(v) * 1.02f);
+  // faulty last_token_zeroed: the last output row never written
+  if (opt.fault == Fault::last_token_zeroed && T > 0) std::fill_n(out.output_bf16.data() + (T - 1) * H, H, uint16_t(0));
   if (opt.expert_outputs) {
     out.expert_outputs.assign(T * k * H, 0.0f);
     for (int64_t s = 0; s < T * k; ++s)
@@ -288,6 +310,10 @@ constexpr std::pair<Fault, std::string_view> kFaultNames[] = {
     {Fault::group_mask_zero, "group_mask_zero"},
     {Fault::int32_overflow, "int32_overflow"},
     {Fault::no_renormalize, "no_renormalize"},
+    {Fault::w2_scale_doubled, "w2_scale_doubled"},
+    {Fault::no_requant, "no_requant"},
+    {Fault::output_scale_2pct, "output_scale_2pct"},
+    {Fault::last_token_zeroed, "last_token_zeroed"},
 };
 }  // namespace
 

@@ -69,6 +69,16 @@
 //                            2^31; rows are local slots in slot order.
 //   no_renormalize           weights not divided by the chosen sum (deepseek_v3,        §1.1 "Routing
 //                            renormalize, sigmoid_renormalize; no-op otherwise)         formula" row
+// Faults of the FP8 tensor-core validation matrix (reference/BUDGETS.md §10.6): errors small
+// enough to hide inside a worst-case budget.
+//   w2_scale_doubled         the w2 block scales of one expert (the local expert with   scale applied
+//                            the most slots; ties: lowest id) read twice as large       twice, one expert
+//   no_requant               GEMM2 takes the SiLU*up intermediate in float32 as it is   re-quantization
+//                            (no group re-quantization to FP8; float32 block sums)     skipped
+//   output_scale_2pct        the combined output multiplied by 1.02 before its bf16     a constant off
+//                            rounding                                                   by 2%
+//   last_token_zeroed        the last token's output row is 0 (never written, or        #11, one row
+//                            cleared)
 #pragma once
 
 #include <cstdint>
@@ -100,6 +110,10 @@ enum class Fault {
   group_mask_zero,
   int32_overflow,
   no_renormalize,
+  w2_scale_doubled,
+  no_requant,
+  output_scale_2pct,
+  last_token_zeroed,
 };
 
 std::string_view to_string(Fault f);
