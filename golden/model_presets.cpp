@@ -63,6 +63,10 @@ const std::vector<ModelPreset>& table() {
       // multiples of 128 (two weight blocks where it matters) except tiny-ragged.
       {"tiny-deepseek", "", "small DeepSeek-V3-style layer (grouped sigmoid + bias routing)", "made up",
        layer(16, 256, 256, 4, R::deepseek_v3, 4, 2, 2.5), true, false},
+      // The shape of the FP8 tensor-core validation matrix (BUDGETS.md §10.6): eight 128-wide
+      // blocks of H, two of I, DeepSeek-V3's top-8 of 8 groups / 4.
+      {"small-deepseek", "", "DeepSeek-V3-style layer of the validation matrix (E=32, H=1024, I=256, top-8)",
+       "made up", layer(32, 1024, 256, 8, R::deepseek_v3, 8, 4, 2.5), true, false},
       {"tiny-kimi", "tiny-glm", "small Kimi-K2 / GLM-4.5-style layer (ungrouped sigmoid + bias routing)", "made up",
        layer(16, 256, 128, 4, R::deepseek_v3, 1, 1, 2.827), true, false},
       {"tiny-qwen", "", "small Qwen3-style layer (softmax, top-k, renormalize)", "made up",
