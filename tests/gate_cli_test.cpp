@@ -172,7 +172,7 @@ TEST(Faults, TablePrintsEveryFault) {
   const auto r = moecheck({"faults", "--cases", "2", "-q"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("| emulated (correct) |"), std::string::npos) << r.out;
-  EXPECT_EQ(count(r.out, "| `faulty:"), 14) << r.out;
+  EXPECT_EQ(count(r.out, "| `faulty:"), 18) << r.out;
   EXPECT_EQ(count(r.out, "not caught"), 0) << r.out;
 }
 

@@ -32,7 +32,17 @@ cases=(
   "group_mask_zero|$GMZ|"
   "int32_overflow|$DSV3|--int32-threshold 256"
   "no_renormalize|$QWEN|"
+  "w2_scale_doubled|$DSV3|"
+  "no_requant|$DSV3|"
+  "output_scale_2pct|$DSV3|"
+  "last_token_zeroed|$DSV3|"
 )
+# Only some faults: FAULTS="a b" bash tools/make-bug-corpus.sh
+if [ -n "${FAULTS:-}" ]; then
+  keep=()
+  for c in "${cases[@]}"; do [[ " $FAULTS " == *" ${c%%|*} "* ]] && keep+=("$c"); done
+  cases=("${keep[@]}")
+fi
 for c in "${cases[@]}"; do
   IFS='|' read -r fault make shrink <<<"$c"
   src=$out/$fault-source.h5
