@@ -227,11 +227,18 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
       if (slots_of[li].size() < slots_of[best].size()) best = li;
     L.garbage_expert = off + best;
   }
-  if (opt.fault == Fault::w2_scale_doubled && !tasks.empty()) {
-    int64_t best = tasks[0];
-    for (int64_t li : tasks)
-      if (slots_of[li].size() > slots_of[best].size()) best = li;
-    L.doubled_expert = off + best;
+  if (opt.fault == Fault::w2_scale_doubled) {
+    // The busiest local expert whose output is not ~0 (a dead expert, block scales ~1e-26 in the
+    // generator's realistic cases, would hide the fault): some w2 block scale above 2^-60.
+    int64_t best = -1;
+    for (int64_t li : tasks) {
+      if (best >= 0 && slots_of[li].size() <= slots_of[best].size()) continue;
+      const ExpertView w = p.load_expert(off + li);
+      const int64_t n = ((H + L.G - 1) / L.G) * L.KBI;
+      if (w.w2_scale && std::any_of(w.w2_scale, w.w2_scale + n, [](float s) { return std::fabs(s) > 0x1p-60f; }))
+        best = li;
+    }
+    L.doubled_expert = best >= 0 ? off + best : -1;
   }
   if (EmulatedTrace* tr = opt.trace) {
     tr->act_codes.assign(L.act_codes, L.act_codes + T * H);

@@ -72,7 +72,8 @@
 // Faults of the FP8 tensor-core validation matrix (reference/BUDGETS.md §10.6): errors small
 // enough to hide inside a worst-case budget.
 //   w2_scale_doubled         the w2 block scales of one expert (the local expert with   scale applied
-//                            the most slots; ties: lowest id) read twice as large       twice, one expert
+//                            the most slots and some w2 scale above 2^-60; ties:        twice, one expert
+//                            lowest id) read twice as large
 //   no_requant               GEMM2 takes the SiLU*up intermediate in float32 as it is   re-quantization
 //                            (no group re-quantization to FP8; float32 block sums)     skipped
 //   output_scale_2pct        the combined output multiplied by 1.02 before its bf16     a constant off
