@@ -233,6 +233,7 @@ std::optional<ReferenceData> CaseReader::read_reference(const std::string& tier)
   if (m.good.count(p + "/slot_budget")) r.slot_budget = doubles("slot_budget", {T, k, H});
   if (m.good.count(p + "/noise_var")) r.noise_var = doubles("noise_var", {T, H});
   if (m.good.count(p + "/slot_flip_projection")) r.slot_flip_projection = doubles("slot_flip_projection", {T, k});
+  if (m.good.count(p + "/slot_noise_var")) r.slot_noise_var = doubles("slot_noise_var", {T, k, H});
   return r;
 }
 

@@ -101,6 +101,7 @@ struct ReferenceData {
   std::vector<double> slot_budget;       // [T, k, H] per-slot budget before weighting
   std::vector<double> noise_var;         // [T, H] noise variance of the aggregate tests
   std::vector<double> slot_flip_projection;  // [T, k] re-quantization flips' projections (bias test's SE)
+  std::vector<double> slot_noise_var;        // [T, k, H] noise variance of the slot outputs
 };
 
 bool is_reference_tier(std::string_view tier);  // "ideal" | "quantized"

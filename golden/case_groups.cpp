@@ -109,6 +109,7 @@ void write_reference(const H5::Group& reference, const std::string& tier, const 
   if (!r.slot_budget.empty()) write_f64(g, "slot_budget", {t, k, h}, r.slot_budget);
   if (!r.noise_var.empty()) write_f64(g, "noise_var", {t, h}, r.noise_var);
   if (!r.slot_flip_projection.empty()) write_f64(g, "slot_flip_projection", {t, k}, r.slot_flip_projection);
+  if (!r.slot_noise_var.empty()) write_f64(g, "slot_noise_var", {t, k, h}, r.slot_noise_var);
 }
 
 std::string temporary_for(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }

@@ -188,6 +188,7 @@ std::vector<Spec> reference_specs(const MoeConfig& c, bool ok, int64_t T) {
       {"slot_budget", Encoding::f64, {t, k, h}, Presence::optional},
       {"noise_var", Encoding::f64, {t, h}, Presence::optional},
       {"slot_flip_projection", Encoding::f64, {t, k}, Presence::optional},
+      {"slot_noise_var", Encoding::f64, {t, k, h}, Presence::optional},
   };
 }
 

@@ -16,6 +16,7 @@
 
 #include "reference/compare_stages.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_combine.hpp"
 #include "reference/moe_routing.hpp"
 
 namespace moecheck::compare {
@@ -134,11 +135,18 @@ ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const Budge
 JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
                               const BudgetModel& model, CompareResult& R) {
   const int64_t T = p.tokens, H = p.config.hidden_size, k = p.config.top_k;
-  JudgedReference J{ref.output, ref.budget, ref.noise_var, ref.expert_outputs, ref.slot_budget,
-                    ref.slot_flip_projection, ref.routing.ids, ref.routing.weights};
-  if (J.noise_var.size() != J.output.size()) {  // a reference without the noise model: the budget's square
+  JudgedReference J;
+  J.output = ref.output, J.budget = ref.budget, J.noise_var = ref.noise_var;
+  J.slot_output = ref.expert_outputs, J.slot_budget = ref.slot_budget, J.slot_noise_var = ref.slot_noise_var;
+  J.flip_projection = ref.slot_flip_projection, J.ids = ref.routing.ids, J.weights = ref.routing.weights;
+  // A reference without the noise model: the budget's square (the worst case as the noise).
+  if (J.noise_var.size() != J.output.size()) {
     J.noise_var.resize(J.output.size());
     for (size_t i = 0; i < J.output.size(); ++i) J.noise_var[i] = J.budget[i] * J.budget[i];
+  }
+  if (J.slot_noise_var.size() != J.slot_output.size()) {
+    J.slot_noise_var.resize(J.slot_output.size());
+    for (size_t i = 0; i < J.slot_output.size(); ++i) J.slot_noise_var[i] = J.slot_budget[i] * J.slot_budget[i];
   }
   if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
 
@@ -164,10 +172,20 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       std::copy_n(&alt.noise_var[i * H], H, &J.noise_var[t * H]);
       std::copy_n(&alt.expert_outputs[i * k * H], k * H, &J.slot_output[t * k * H]);
       std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
+      std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
       if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
       std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
     }
+  }
+  // Centre and variance floor (BUDGETS.md §10.3): whatever a backend computed, its output is
+  // rounded to bf16, so an observation that is not the reference's own rounding carries a fresh
+  // rounding error: the fits never weight an element above 12 / ulp^2.
+  J.center.resize(J.output.size());
+  for (size_t i = 0; i < J.output.size(); ++i) {
+    J.center[i] = bf16_of_f32(J.output[i]);
+    const double ulp = bf16_ulp(J.center[i]);
+    J.noise_var[i] = std::max(J.noise_var[i], ulp * ulp / 12);
   }
   std::sort(R.ambiguous.begin(), R.ambiguous.end());
   R.ambiguous_tokens = static_cast<int64_t>(R.ambiguous.size());

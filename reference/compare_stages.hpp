@@ -4,7 +4,9 @@
 //   agree_routing      expert sets vs the reference; near-tie tokens re-run (BUDGETS.md §6)
 //   elementwise_ratios |observed - reference| / budget per output element and per slot
 //   attribute_failures which expert (or which token alone) an elementwise failure belongs to
-//   aggregate_tests    per-expert bias (scale) and energy tests (BUDGETS.md §7)
+//   aggregate_tests    per-expert bias (scale) and energy tests (BUDGETS.md §7, §10.5)
+//   token_scale_tests  one scale test per token's row (BUDGETS.md §10.5)
+//   judge_power        what the check could have seen: smallest detectable errors, vacuity (§10.6)
 //   familiar_metrics   the checks engines' own tests use (moe_compare.hpp)
 //   give_verdict       severity order, check counts, the output's status
 //
@@ -28,6 +30,10 @@ double ratio_of(double obs, double ref, double budget);
 struct JudgedReference {
   std::vector<double> output, budget, noise_var;  // [T, H]
   std::vector<double> slot_output, slot_budget;   // [T, k, H]
+  std::vector<double> slot_noise_var;             // [T, k, H]
+  // [T, H] where the noise model centres a correct device's output: the reference rounded as
+  // the device rounds its output (bf16_of_f32; BUDGETS.md §10.3)
+  std::vector<double> center;
   std::vector<double> flip_projection;            // [T, k], or empty when the reference has none
   std::vector<int32_t> ids;                       // [T, k]
   std::vector<double> weights;                    // [T, k]
@@ -61,11 +67,28 @@ struct Attribution {
 // fills R.failing_tokens_unexplained.
 Attribution attribute_failures(const MoeProblem& p, const JudgedReference& J, const Ratios& X, CompareResult& R);
 
+// The largest systematic relative scale error a correct device may have (BUDGETS.md §7).
+double scale_allowance(const MoeConfig& c, const BudgetModel& m);
+
+// The sigma multiple of the aggregate tests: CompareOptions::z when set, else the one at which
+// all of an output's aggregate tests together false-alarm with probability <= 1e-6 (BUDGETS.md §10.5).
+double aggregate_z(const MoeProblem& p, size_t experts, const CompareOptions& opt);
+// The energy test's limit on sum d^2 / sum sigma^2 at that level.
+double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoeProblem& p, size_t experts,
+                    const CompareOptions& opt);
+
 // Fills each expert's bias and energy statistics and its pass.
 void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,
                      const Attribution& A, const CompareOptions& opt, CompareResult& R);
 
+// Fills R.token_scale: each token's output fitted as (1 + beta_t) times the reference's.
+void token_scale_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const CompareOptions& opt,
+                       CompareResult& R);
+
+// Fills R.power (BUDGETS.md §10.6); after token_scale_tests.
+void judge_power(const JudgedReference& J, const CompareOptions& opt, CompareResult& R);
+
 // Orders R.experts worst first, counts the checks, sets R.pass.
-void give_verdict(const CompareOptions& opt, CompareResult& R);
+void give_verdict(const MoeProblem& p, const CompareOptions& opt, CompareResult& R);
 
 }  // namespace moecheck::compare

@@ -33,12 +33,13 @@ struct SlotTerm {
   double w = 0, dw = 0;        // weight and its deviation bound
   const double* y = nullptr;   // [H] slot output
   const double* dy = nullptr;  // [H] slot budget (nullptr: no budget wanted)
+  const double* vy = nullptr;  // [H] with dy: the slot's noise variance (BUDGETS.md §10.3)
 };
 
 struct CombineOut {
   double* output = nullptr;     // [H] (accumulated into: must hold 0 on entry)
   double* budget = nullptr;     // [H] or nullptr: bound on |device output - output|
-  double* noise_var = nullptr;  // [H] with budget: the aggregate tests' noise model (§7)
+  double* noise_var = nullptr;  // [H] with budget: the noise model's variance (§10.3), about bf16_of_f32(output)
 };
 
 // top_k: the case's k (the float32 sums' length in the bound, as §5 counts it).

@@ -32,8 +32,12 @@ struct Observation {
 
 struct CompareOptions {
   BudgetModel model;
-  double z = 5.0;           // sigma multiple of the aggregate tests (BUDGETS.md §7)
+  double z = 0;             // sigma multiple of the aggregate tests; 0: from the false-alarm level (BUDGETS.md §10.5)
   bool keep_ratios = true;  // fill CompareResult::ratio (for the HTML heatmap)
+  // An output is vacuous when its checks would not detect the whole output, or its median
+  // token's row, scaled by a factor (1 + s) with |s| this large: at 1, zeroed (BUDGETS.md §10.6).
+  double vacuous_scale = 1.0;
+  bool allow_vacuous = false;  // a vacuous output without failed checks counts as passing (still labelled vacuous)
 };
 
 struct ExpertVerdict {
@@ -43,6 +47,7 @@ struct ExpertVerdict {
   double rel_l2 = 0;        // of its contribution (expert outputs) or of its tokens' outputs
   bool blamed = false;      // elementwise failures attributed here
   double beta = 0, beta_se = 0, beta_allow = 0;  // bias test: fitted relative scale error
+  double beta_detectable = 0;                     // allow + z SE: the smallest scale error it detects (0: no data)
   bool bias_ok = true;
   double energy_ratio = 0, energy_limit = 0;     // energy test
   bool energy_ok = true;
@@ -62,6 +67,35 @@ struct FamiliarMetrics {
   bool deepgemm_pass = false, sglang_pass = false, vllm_pass = false, nmse_pass = false;
 };
 
+// The per-token scale test (BUDGETS.md §10.5): beta_t = sum_h d_h o_h / sum_h o_h^2 with d the
+// observation minus the reference as the device rounds it and o the reference's output row.
+struct TokenScale {
+  int64_t token = 0;
+  double beta = 0, se = 0;
+  // The smallest |beta_t| the test would detect: allow + z se (a zeroed row is beta = -1).
+  double detectable = 0;
+  bool ok = true;
+};
+
+// What the judgement of one output could have seen, at its false-alarm level (BUDGETS.md §10.6).
+// NaN where nothing was fitted (no expert with data, no token with a nonzero row).
+struct Power {
+  // Smallest relative scale error |s| the bias test detects: the output scaled as a whole by
+  // (1 + s) (every expert's beta moves by s: the most sensitive expert decides), and the
+  // contribution of any single expert scaled (the least sensitive one decides). Per expert the
+  // figure is beta_allow + z beta_se.
+  double scale_output = 0, scale_any_expert = 0;
+  // Smallest relative scale error of one token's row the per-token test detects (a zeroed row is
+  // -1): the largest over the tokens (any token) and the median token.
+  double token_scale = 0, token_scale_median = 0;
+  // Relative L2 change of one token's row above which the elementwise (worst-case) test flags it,
+  // whatever its direction: ||budget_t|| / ||reference_t||, largest over the tokens and median.
+  double token_rel_l2 = 0, token_rel_l2_median = 0;
+  double over_magnitude = 0;        // fraction of elements whose worst-case budget exceeds |reference|
+  double noise_over_magnitude = 0;  // fraction whose noise-model limit z sigma exceeds |reference|
+  bool vacuous = false;             // scale_output or token_scale_median >= CompareOptions::vacuous_scale
+};
+
 struct CompareResult {
   std::string name;
   BudgetModel model;   // the budget model judged with (CompareOptions::model; names: budget_model.hpp)
@@ -74,9 +108,13 @@ struct CompareResult {
   int64_t mismatched_tokens = 0, ambiguous_tokens = 0;
   std::vector<int64_t> mismatched, ambiguous;  // token indices (mismatched excludes ambiguous)
   std::vector<int64_t> failing_tokens_unexplained;
+  std::vector<TokenScale> token_scale;         // [T]
+  TokenScale output_scale;                     // the same fit over the whole output (token -1)
+  double aggregate_z = 0;                      // sigma multiple of the aggregate tests
   std::vector<ExpertVerdict> experts;          // sorted worst first
   FamiliarMetrics metrics;
   int64_t checks = 0, checks_failed = 0;
+  Power power;
   std::vector<float> ratio;                    // [T, H] when keep_ratios (inf for non-finite)
   std::vector<double> reference_output;        // [T, H] the reference used (after near-tie re-runs)
 };
@@ -84,6 +122,9 @@ struct CompareResult {
 // ref: moe_forward(p, {tier = quantized, budget = &opt.model}) of the same problem.
 CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
                              const CompareOptions& opt);
+
+// "fail" when a check failed, else "vacuous" when the output is vacuous, else "pass".
+const char* verdict_label(const CompareResult& r);
 
 FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vector<float>& obs);
 

@@ -19,6 +19,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_combine.hpp"
+#include "reference/noise_model.hpp"
 #include "reference/truncation_bound.hpp"
 #include "reference/weight_panel.hpp"
 
@@ -86,6 +87,7 @@ struct TruncationProduct {
   const RowMat* dcum;
   RowMat* err;
   std::vector<double>* scratch;
+  RowMat* var = nullptr;  // [n, N] the noise model's variance proxy of the same error (BUDGETS.md §10.1)
   const std::vector<float>* af = nullptr;  // [n, K] float inputs of the rows
   const std::vector<float>* hf = nullptr;
   const std::vector<float>* lf = nullptr;
@@ -104,6 +106,10 @@ struct PanelExtras {
   // each row): computed as dot products when they are few, else as the whole product.
   const std::vector<std::vector<std::pair<int64_t, double>>>* back_only = nullptr;
   const TruncationProduct* trunc = nullptr;  // needs n_abs > 0 (it reads the |W| panel)
+  // sq: out = in * (W o W)^T, the sums of squares of the noise model (BUDGETS.md §10.2), through
+  // the buffer sq_panel.
+  AbsProduct sq{};
+  std::vector<double>* sq_panel = nullptr;
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
 };
 
@@ -124,6 +130,8 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     sparse_back = pairs * 16 <= size_t(a.rows() * K);
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
+  if (ex.trunc && ex.trunc->var) ex.trunc->var->resize(a.rows(), N);
+  if (ex.sq.in) ex.sq.out->resize(ex.sq.in->rows(), N), ex.sq_panel->resize(panel.size());
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
   // unless the pass declines.
@@ -140,6 +148,11 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
         f32->maga[i] = std::isnan(f32->mag[i]) ? f32->mag[i] : std::max(f32->mag[i], float(kSubnormalAlign));
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
+    if (ex.sq.in) {
+      Eigen::Map<RowMat> w2(ex.sq_panel->data(), nr, K);
+      w2 = w.array().square().matrix();
+      ex.sq.out->middleCols(r0, nr).noalias() = *ex.sq.in * w2.transpose();
+    }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
     if (sparse_back)
       for (int64_t r = 0; r < a.rows(); ++r)
@@ -158,7 +171,8 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
         fast = truncation_bound_panel_f32(*t->layout, *t->acc, t->af->data(), t->hf->data(), t->lf->data(), K,
                                           t->dcum->data(), a.rows(), f32->dec, f32->mag, K, srow, nr,
                                           t->err->data() + r0, N, fuse_abs ? t->abs_in->data() : nullptr,
-                                          fuse_abs ? ex.abs[0].out->data() + r0 : nullptr, f32->maga);
+                                          fuse_abs ? ex.abs[0].out->data() + r0 : nullptr, f32->maga,
+                                          t->var ? t->var->data() + r0 : nullptr);
       }
       if (fuse_abs && !fast) dequant_panel(codes, scales, K, B, r0, nr, {panel.data(), abs_panel->data()}, lut);
       ConstRowMap wa(abs_panel->data(), nr, K);
@@ -175,7 +189,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
           }
         truncation_bound_panel(*t->layout, *t->acc, a.data(), t->hi->data(), t->lo->data(), K, t->dcum->data(),
                                a.rows(), panel.data(), abs_panel->data(), K, nr, t->err->data() + r0, N, *t->scratch,
-                               wal.data());
+                               wal.data(), t->var ? t->var->data() + r0 : nullptr);
       }
     }
     r0 += nr;
@@ -192,7 +206,8 @@ struct Scratch {
   RowMat yw;              // budget: y W2 [n, I], the flip projections
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
-  std::vector<double> panel, lut, abs_panel, tscratch;
+  RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): inputs and outputs of the squares products
+  std::vector<double> panel, lut, abs_panel, tscratch, sq_panel;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -254,6 +269,7 @@ struct BudgetCtx {
   const std::vector<double>* act_dev = nullptr;  // [T, H] deviation of the device's activations
   bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
   double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
+  double* slot_var = nullptr;                     // [chunk T * k * H] noise model per slot (BUDGETS.md §10.2)
 };
 
 // Chunk inputs of the truncation bound for every row of a (deviation rows from dev_of(r)).
@@ -340,7 +356,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   // GEMM1: x [n, 2I] = a W13^T, rounded to intermediate_dtype in the quantized tier.
   {
     PanelExtras ex;
-    if (budget) ex.add_abs(&s.da, &s.dx);
+    if (budget) {
+      ex.add_abs(&s.da, &s.dx);
+      s.da2 = s.da.array().square().matrix();  // §10.1: the activations' deviations, one term each
+      ex.sq = {&s.da2, &s.vx}, ex.sq_panel = &s.sq_panel;
+    }
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
@@ -353,10 +373,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       }
       tp = prepare_truncation(bc.L1, bc.model->acc, s.a,
                               [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s.da, s);
+      tp.var = &s.tvar;
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
-    if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr;  // BUDGETS.md §2.1
+    if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr, s.vx += (1 + bc.c1) * (1 + bc.c1) * s.tvar;  // §2.1, §10.1
     // Gradual underflow (BUDGETS.md §2): each of the ceil(H/B) promotion FFMAs may err by half a
     // float32 subnormal step beyond its relative bound.
     if (budget) s.dx.array() += double(ceil_div(H, B)) * 0x1p-149;
@@ -367,7 +388,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hrow.resize(I);
   s.hcodes.resize(I);
   s.hscales.resize(ig);
-  if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.flips.resize(n);
+  if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n);
   if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
@@ -386,7 +407,14 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     }
     group_quantize_row(s.hrow.data(), I, G, act_quant_rule(c), s.hcodes.data(), s.hscales.data());
     for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
-    if (budget) intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
+    if (budget) {
+      intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
+      // §10.2: the dequantized intermediate's variance, plus the GEMM2 promotion's term c2 |h|.
+      double* hv = s.hvar.row(r).data();
+      intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
+                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv);
+      for (int64_t i = 0; i < I; ++i) hv[i] += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
+    }
     if (budget && bc.chunked) {
       // Alignment floors of h (truncation_bound.hpp): 2^-6 of the largest scale the device may
       // use for the group, from the group's largest possible amax (the intervals of §4), doubled
@@ -415,17 +443,24 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   // GEMM2: y [n, H] = h W2^T, stored per (token, slot).
   {
     PanelExtras ex;
-    if (budget) ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
+    if (budget) {
+      ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
+      // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
+      // reaching every output through W2: sum_i W2[o, i]^2 var_i.
+      ex.sq = {&s.hvar, &s.vy}, ex.sq_panel = &s.sq_panel;
+    }
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
     if (budget && bc.chunked) {
       s.tfloor = s.hfloor;
       tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s.dh, s);
+      tp.var = &s.tvar;
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
-    if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr;  // BUDGETS.md §2.1
+    if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr, s.vy += (1 + bc.c2) * (1 + bc.c2) * s.tvar;  // §2.1, §10.1
     if (budget) s.dy.array() += double(ceil_div(I, B)) * 0x1p-149;  // underflow, as for GEMM1
+    if (budget) s.vy.array() += std::pow(double(ceil_div(I, B)) * 0x1p-149, 2);
     // expert_output_dtype = bf16 (BUDGETS.md §9.5): the device rounds its float32 slot output,
     // so both the value and its interval are rounded (bf16 of fl32, the device's composite).
     if (tier == Tier::quantized && c.recipe.expert_output_dtype == Precision::bf16)
@@ -433,6 +468,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
         for (int64_t i = 0; i < H; ++i) {
           const double y = s.y(r, i), yr = bf16_of_f32(y);
           if (budget) s.dy(r, i) = round_slot_interval(y, s.dy(r, i)).width_from(yr);
+          if (budget) s.vy(r, i) = rounded_noise_var(y, yr, s.vy(r, i));
           s.y(r, i) = yr;
         }
   }
@@ -440,14 +476,16 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     std::copy_n(s.y.row(r).data(), H, slot_out + job.slots[r] * H);
     if (budget) {
       std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
+      std::copy_n(s.vy.row(r).data(), H, bc.slot_var + job.slots[r] * H);
       // A flip moves y along column i of W2 by at most dh_i; its projection on y itself is at most
       // dh_i |<W2[:, i], y>| = dh_i |(y W2)_i|: the part of the error that looks like a scale error
       // of this slot. Kept as the root sum of squares over the slot's flips (their signs are
       // independent).
+      // The noise model's variance of each flip (§10.2) in place of its worst case dh^2.
       double sys = 0;
       for (const auto& [i, dh] : s.flips[r]) {
         const double g = s.yw(r, i);
-        sys += (dh * g) * (dh * g);
+        sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
       }
       bc.slot_sys[job.slots[r]] = std::sqrt(sys);
     }
@@ -543,6 +581,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     res.budget.assign(static_cast<size_t>(T * H), 0.0);
     res.noise_var.assign(static_cast<size_t>(T * H), 0.0);
     res.slot_budget.assign(static_cast<size_t>(T * k * H), 0.0);
+    res.slot_noise_var.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_flip_projection.assign(static_cast<size_t>(T * k), 0.0);
   }
 
@@ -586,7 +625,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     double* slots;
     double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
     double* slot_ideal = ideal_bound ? slot_ideal_all.data() + t0 * k * H : nullptr;
-    if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k;
+    if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {
@@ -647,6 +686,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
         if (model) {
           term.dw = weight_deviation(exact_weights[t * k + j], wj, c.routing_weight_dtype, c.num_experts + k, *model);
           term.dy = slot_budget + (tl * k + j) * H;
+          term.vy = res.slot_noise_var.data() + (t0 + tl) * k * H + j * H;
         }
         terms.push_back(term);
       }

@@ -101,9 +101,10 @@ struct ForwardResult {
   // With ForwardOptions::budget: bound on |device - reference| per output element [T, H]
   // (after the device's bf16 rounding) and per slot output before weighting [T, k, H].
   std::vector<double> budget, slot_budget;
-  // Predicted mean square error of a correct device per output element, the aggregate tests'
-  // noise model (BUDGETS.md §7): e^2 + ulp_bf16^2 / 12 [T, H].
-  std::vector<double> noise_var;
+  // The noise model (BUDGETS.md §10): the variance proxy of a correct device's deviation from
+  // the reference rounded as the device rounds it (bf16_of_f32 of output; the slot outputs as
+  // they are), per output element [T, H] and per slot output before weighting [T, k, H].
+  std::vector<double> noise_var, slot_noise_var;
   // Per slot [T, k]: root sum of squares over the slot's flip-able intermediates i of
   // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output
   // (BUDGETS.md §7).

@@ -16,6 +16,22 @@ namespace moecheck {
 namespace {
 constexpr double kU32 = 0x1p-24;  // float32 register rounding
 
+// The variance proxy of one chunk (BUDGETS.md §10.1). The grid is a power of two no larger than
+// G (the alignment exponent is an exponent-field sum, whose power of two is at most the largest
+// term): Gp = 2^floor(log2 G). Each of the T / G terms that may lose bits loses its bits below Gp,
+// with the sign of its product; under the model's assumptions (signs independent and symmetric,
+// the lost bits uniform) each is uniform on (-Gp, Gp): mean 0, variance Gp^2 / 3, and strictly
+// sub-Gaussian with that proxy. The result's cut to p bits (below the power of two of rq) likewise.
+inline double pow2_floor(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return x;
+  int e;
+  std::frexp(x, &e);
+  return std::ldexp(1.0, e - 1);
+}
+inline double chunk_variance(double G, double T, double rq) {
+  const double gp = pow2_floor(G), rp = pow2_floor(rq);
+  return (G > 0 ? T / G * gp * gp : 0.0) / 3 + rp * rp / 3;
+}
 }  // namespace
 
 bool uses_chunked_truncation(const AccumulatorModel& acc) { return acc.truncating && acc.kept_bits < 24; }
@@ -53,7 +69,7 @@ void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* 
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
-                            std::vector<double>& scratch, const double* walign) {
+                            std::vector<double>& scratch, const double* walign, double* var) {
   const int64_t C = L.chunks();
   const int64_t nb = L.block_of.empty() ? 0 : L.block_of.back() + 1;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);  // grid / largest term
@@ -97,7 +113,7 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
       }
       // Pass 2: the bound. A product that may be nonzero and lies below 256 G^ (>= 256 G) may
       // lose bits: less than one grid step (truncation toward zero or toward -inf alike).
-      double total = 0, E = 0;
+      double total = 0, E = 0, V = 0;
       S = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
@@ -109,9 +125,11 @@ void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, c
         const double T = (first ? 0.0 : G) + G * double(cnt);
         const double Sn = S + dots[c], Dn = dc[c] * bmax[L.block_of[c]];
         E += T + r1 * (std::fabs(Sn) + Dn + E + T);
+        V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dn));
         S = Sn, D = Dn;
       }
       err[r * lderr + o] = total + E;
+      if (var) var[r * lderr + o] = V;
     }
   }
 }
@@ -258,7 +276,7 @@ struct RowPtrs {
 template <int NR>
 inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* rows, const float* const* dec,
                    const float* const* mag, const float* const* maga, const BlockScale& bs, __m256d* out,
-                   __m256d* abs_out) {
+                   __m256d* abs_out, __m256d* var_out) {
   const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs), srel = _mm256_set1_pd(kSumRel);
   const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
   const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
@@ -343,17 +361,30 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
     }
     for (int r = 0; r < NR; ++r) nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
   }
-  for (int r = 0; r < NR; ++r) E[r] = zero;
+  __m256d V[NR];
+  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
+  const __m256d third = _mm256_set1_pd(1.0 / 3);
+  for (int r = 0; r < NR; ++r) E[r] = zero, V[r] = zero;
   for (int j = 0; j < nch; ++j) {
     const __m256d lead = j ? _mm256_set1_pd(1.0) : zero;  // the register's own truncation
     for (int r = 0; r < NR; ++r) {
       const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(nlow[r][j], lead));
       const __m256d reg = _mm256_add_pd(P[r][j], E[r]);
       const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
+      if (var_out) {  // chunk_variance(G, T, r1 Q), G = g1 max(mh, reg) > 0 wherever T > 0
+        const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
+        const __m256d gp = _mm256_and_pd(G, expmask), rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
+        const __m256d tg = _mm256_and_pd(_mm256_cmp_pd(G, zero, _CMP_GT_OQ), _mm256_div_pd(T, G));
+        const __m256d add = _mm256_fmadd_pd(rp, rp, _mm256_mul_pd(_mm256_mul_pd(tg, gp), gp));
+        V[r] = _mm256_fmadd_pd(add, third, V[r]);
+      }
       E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], T), _mm256_mul_pd(r1, Q[r][j]));
     }
   }
   for (int r = 0; r < NR; ++r) out[r] = E[r];
+  if (var_out)
+    for (int r = 0; r < NR; ++r) var_out[r] = V[r];
   if (with_abs) {
     const __m256d rel = _mm256_set1_pd(1 + 0x1p-20), uf = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(nch * 0x1p-144));
     for (int r = 0; r < NR; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, absum[r]), rel, uf);
@@ -365,7 +396,7 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
 bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
-                                int64_t lderr, const float* in, double* abs_out, const float* maga) {
+                                int64_t lderr, const float* in, double* abs_out, const float* maga, double* var) {
   const int64_t C = L.chunks();
   if (!maga) maga = mag;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);
@@ -392,7 +423,8 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
   if (all32) {
     const __m256d vg1 = _mm256_set1_pd(g1), vr1 = _mm256_set1_pd(r1);
     // E_b and the magnitude sums, summed over the blocks, per row.
-    std::vector<double> tot(static_cast<size_t>(n * 4)), tabs(static_cast<size_t>(n * 4));
+    std::vector<double> tot(static_cast<size_t>(n * 4)), tabs(static_cast<size_t>(n * 4)),
+        tvar(static_cast<size_t>(var ? n * 4 : 0));
     auto add4 = [](double* t, __m256d v) { _mm256_storeu_pd(t, _mm256_add_pd(_mm256_loadu_pd(t), v)); };
     auto row = [&](int64_t r, int64_t c0) {
       return RowPtrs{af + r * lda, hf + r * lda, lf + r * lda, dcum + r * C + c0, in ? in + r * lda : nullptr};
@@ -407,6 +439,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         dq[q] = dec + (o_done + q) * ldw, mq[q] = mag + (o_done + q) * ldw, aq[q] = maga + (o_done + q) * ldw;
       std::fill(tot.begin(), tot.end(), 0.0);
       std::fill(tabs.begin(), tabs.end(), 0.0);
+      std::fill(tvar.begin(), tvar.end(), 0.0);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t c0 = bfirst[b], k0 = L.start[c0];
         const int nch = int(bfirst[b + 1] - c0);
@@ -420,25 +453,28 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         int64_t r = 0;
         for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
           const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
-          __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
-          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab);
+          __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()}, v[2];
+          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr);
           for (int i = 0; i < 2; ++i) {
             add4(&tot[size_t(4 * (r + i))], e[i]);
             if (in) add4(&tabs[size_t(4 * (r + i))], ab[i]);
+            if (var) add4(&tvar[size_t(4 * (r + i))], v[i]);
           }
         }
         if (r < n) {
           const RowPtrs rp[1] = {row(r, c0)};
-          __m256d e[1], ab[1] = {_mm256_setzero_pd()};
-          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab);
+          __m256d e[1], ab[1] = {_mm256_setzero_pd()}, v[1];
+          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr);
           add4(&tot[size_t(4 * r)], e[0]);
           if (in) add4(&tabs[size_t(4 * r)], ab[0]);
+          if (var) add4(&tvar[size_t(4 * r)], v[0]);
         }
       }
       for (int64_t r = 0; r < n; ++r) {
         const __m256d res = _mm256_loadu_pd(&tot[size_t(4 * r)]);
         _mm256_storeu_pd(err + r * lderr + o_done, res);
         finite &= all_finite4(res);
+        if (var) _mm256_storeu_pd(var + r * lderr + o_done, _mm256_loadu_pd(&tvar[size_t(4 * r)]));
         if (in) {
           const __m256d ab = _mm256_loadu_pd(&tabs[size_t(4 * r)]);
           _mm256_storeu_pd(abs_out + r * lderr + o_done, ab);
@@ -489,7 +525,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         abs_out[r * lderr + o] = ab;
         finite &= std::isfinite(ab);
       }
-      double total = 0, E = 0;  // pass 2: the bound
+      double total = 0, E = 0, V = 0;  // pass 2: the bound
       S = 0, Dl = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
         const bool first = L.first_in_block[c];
@@ -499,11 +535,13 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
         const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
         E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
+        V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dln + Dn));
         S = Sn, Dl = Dln, D = Dn;
       }
       const double e = total + E;
       finite &= std::isfinite(e);
       err[r * lderr + o] = e;
+      if (var) var[r * lderr + o] = V;
     }
   }
   return finite;

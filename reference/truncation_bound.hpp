@@ -80,7 +80,10 @@ void truncation_row_inputs(const ChunkLayout& L, const double* a, const double* 
 void truncation_bound_panel(const ChunkLayout& L, const AccumulatorModel& acc, const double* a, const double* hi,
                             const double* lo, int64_t lda, const double* dcum, int64_t n, const double* w,
                             const double* wabs, int64_t ldw, int64_t nr, double* err, int64_t lderr,
-                            std::vector<double>& scratch, const double* walign = nullptr);
+                            std::vector<double>& scratch, const double* walign = nullptr, double* var = nullptr);
+// var (optional, same layout as err): the statistical model's variance proxy of the same
+// accumulation error (BUDGETS.md §10.1): sum over chunks of G T_c + (r1 Q_c)^2, the terms that may
+// lose bits taken as independent zero-mean terms of range (-G, G), the result cut likewise.
 
 // ---- float32 fast path ----------------------------------------------------------------------
 // The same bound evaluated in float32 (8 lanes per AVX2 register instead of 4, a quarter of the
@@ -127,6 +130,6 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
                                 int64_t lderr, const float* in = nullptr, double* abs_out = nullptr,
-                                const float* maga = nullptr);
+                                const float* maga = nullptr, double* var = nullptr);
 
 }  // namespace moecheck

@@ -62,6 +62,11 @@ std::string describe(const CompareResult& r) {
   std::string s = fmt::format("max ratio {} at token {} col {}, {} of {} checks failed, mismatched tokens {}",
                               r.max_ratio, r.worst_token, r.worst_col, r.checks_failed, r.checks,
                               r.mismatched.size());
+  s += fmt::format("; power: whole-output scale {}, median token {}", r.power.scale_output, r.power.token_scale_median);
+  s += fmt::format("; noise limit > |reference| on {:.1f}% of elements (vacuous {}), worst case on {:.1f}%",
+                   100 * r.power.noise_over_magnitude, r.power.vacuous, 100 * r.power.over_magnitude);
+  for (const auto& t : r.token_scale)
+    if (!t.ok) s += fmt::format("\n  token {}: beta {} +- {} (detectable {})", t.token, t.beta, t.se, t.detectable);
   for (const auto& v : r.experts)
     if (!v.pass)
       s += fmt::format("\n  expert {}: max ratio {} blamed {} beta {} +- {} (allow {}) energy {} / {}", v.expert,

@@ -58,10 +58,10 @@ TEST(JudgeCli, StoredReferenceGivesTheSameVerdict) {
 TEST(JudgeCli, ShrinkAndReproTakeTheBudgetModel) {
   test::TempDir dir("judge-model");
   const std::string c = faulty_case(dir, "faulty:scaling_factor_twice", 4);
-  auto r = moecheck({"repro", c, "--backend", "emulated", "--budget-model", "hopper"});
+  auto r = moecheck({"repro", c, "--backend", "emulated", "--budget-model", "hmma-f32"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("budget model hopper"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--budget-model hopper"), std::string::npos) << r.out;  // in the replay command
+  EXPECT_NE(r.out.find("budget model hmma-f32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--budget-model hmma-f32"), std::string::npos) << r.out;  // in the replay command
   r = moecheck({"repro", c, "--budget-model", "bits:99"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   r = moecheck({"shrink", c, "--output", "faulty:scaling_factor_twice", "--budget-model", "trunc:20", "-q", "-o",
@@ -72,6 +72,38 @@ TEST(JudgeCli, ShrinkAndReproTakeTheBudgetModel) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_EQ(read_json(dir.file("min.json"))["outputs"][0]["budget_model"], "trunc:20");
   EXPECT_NE(r.out.find("budget model: trunc:20"), std::string::npos) << r.out;
+}
+
+// A vacuous output (budget > |reference| on most elements, here under bits:8) exits 1 and is
+// labelled VACUOUS in every report; --allow-vacuous exits 0 but never calls it PASS.
+TEST(JudgeCli, VacuousOutputIsFlagged) {
+  test::TempDir dir("judge-vacuous");
+  const std::string c = faulty_case(dir, "emulated", 8);
+  auto r = moecheck({"compare", c, "-q", "--budget-model", "bits:8", "--json", dir.file("v.json"), "--html",
+                     dir.file("v.html")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("VACUOUS"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("PASS"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("power (what this check could have seen)"), std::string::npos) << r.out;
+  const nlohmann::json j = read_json(dir.file("v.json"));
+  EXPECT_EQ(j["status"], "vacuous");
+  EXPECT_EQ(j["outputs"][0]["status"], "vacuous");
+  EXPECT_EQ(j["outputs"][0]["power"]["vacuous"], true);
+  std::ifstream html(dir.file("v.html"));
+  const std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+  EXPECT_NE(page.find("VACUOUS"), std::string::npos);
+  r = moecheck({"compare", c, "-q", "--budget-model", "bits:8", "--allow-vacuous"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("VACUOUS"), std::string::npos) << r.out;
+  r = moecheck({"repro", c, "--output", "emulated", "--budget-model", "bits:8"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  // The same output under its own model is judged and passes, with its power stated.
+  r = moecheck({"compare", c, "-q", "--json", dir.file("p.json")});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json p = read_json(dir.file("p.json"));
+  EXPECT_EQ(p["outputs"][0]["status"], "pass");
+  EXPECT_LT(p["outputs"][0]["power"]["scale_error"].get<double>(),
+            j["outputs"][0]["power"]["scale_error"].get<double>());
 }
 
 }  // namespace

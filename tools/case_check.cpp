@@ -73,6 +73,18 @@ std::string failure_reason(const CompareResult& r) {
   if (!bias.empty()) parts.push_back(fmt::format("scale (bias) test fails on expert{} {}", bias.size() > 1 ? "s" : "", id_list(bias)));
   if (!energy.empty())
     parts.push_back(fmt::format("energy test fails on expert{} {}", energy.size() > 1 ? "s" : "", id_list(energy)));
+  if (r.power.vacuous && !r.pass)
+    parts.push_back(fmt::format("vacuous: a scale error of {} of the whole output or {} of the median token would pass "
+                                "(budget model {})",
+                                g3(r.power.scale_output), g3(r.power.token_scale_median), budget_model_name(r.model.acc)));
+  std::vector<int64_t> scaled;
+  for (const TokenScale& t : r.token_scale)
+    if (!t.ok) scaled.push_back(t.token);
+  if (!r.output_scale.ok)
+    parts.push_back(fmt::format("the whole output is off by a factor 1 + {} (+- {})", g3(r.output_scale.beta),
+                                g3(r.output_scale.se)));
+  if (!scaled.empty())
+    parts.push_back(fmt::format("token scale test fails on token{} {}", scaled.size() > 1 ? "s" : "", id_list(scaled)));
   if (!r.failing_tokens_unexplained.empty())
     parts.push_back(fmt::format("token{} {} fail{} alone", r.failing_tokens_unexplained.size() > 1 ? "s" : "",
                                 id_list(r.failing_tokens_unexplained), r.failing_tokens_unexplained.size() > 1 ? "" : "s"));
@@ -157,6 +169,7 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
     CompareOptions copt;
     copt.model = model;
     copt.keep_ratios = opt.keep_ratios;
+    copt.allow_vacuous = opt.allow_vacuous;
     out.results.push_back(compare_output(cp.problem(), ref->second, it.obs, copt));
     out.budget_models.push_back(it.model);
   }

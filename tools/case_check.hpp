@@ -31,6 +31,7 @@ struct CheckOptions {
   int64_t int32_threshold = 0; // faulty:int32_overflow's wrap index (0: the emulation's 2^31)
   bool expert_outputs = true;  // run the backend with per-slot outputs (judged per slot)
   bool keep_ratios = false;    // keep CompareResult::ratio (reports that draw heatmaps)
+  bool allow_vacuous = false;  // a vacuous output (CompareOptions) does not fail the check
 };
 
 enum class CheckStatus { pass, fail, input_error };

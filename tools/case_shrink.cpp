@@ -218,6 +218,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
     control.backend = !opt.control.empty() ? opt.control : chk.backend.rfind("faulty:", 0) == 0 ? "emulated" : "";
     control.int32_threshold = chk.int32_threshold;
     control.budget_model = chk.budget_model;
+    control.allow_vacuous = chk.allow_vacuous;
     if (!control.backend.empty() && check_case(case_path, control).status != CheckStatus::pass) {
       res.control_failed_initially = true;
       control.backend.clear();

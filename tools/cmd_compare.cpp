@@ -38,7 +38,7 @@ void register_compare(CLI::App& app) {
   auto* sub = app.add_subcommand("compare", "judge recorded outputs against the float64 reference and its budgets");
   struct Opts {
     std::string path, output, tier = "quantized", json, html, model;
-    bool all = false, quiet = false;
+    bool all = false, quiet = false, allow_vacuous = false;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
@@ -50,6 +50,8 @@ void register_compare(CLI::App& app) {
       ->check(budget_model_validator());
   sub->add_option("--json", o->json, "also write the report as JSON (tools/REPORT-SCHEMA.md)");
   sub->add_option("--html", o->html, "also write a self-contained HTML page");
+  sub->add_flag("--allow-vacuous", o->allow_vacuous,
+                "exit 0 for an output whose checks would not see it zeroed (BUDGETS.md §10.6; still reported VACUOUS)");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
@@ -96,6 +98,7 @@ void register_compare(CLI::App& app) {
                                  reused ? "reused from /reference/quantized" : "computed");
       CompareOptions copt;
       copt.model = parse_budget_model(model_name);
+      copt.allow_vacuous = o->allow_vacuous;
       models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
       for (size_t i : idx) {
         Observation obs = observation_of(outputs[i].name, r.read_output(outputs[i].name));

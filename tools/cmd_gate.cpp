@@ -108,6 +108,7 @@ struct GateOptions {
   double time = 0;
   uint64_t seed = 1;
   bool no_golden = false, quiet = false, keep = false, no_expert_outputs = false, verbose = false;
+  bool allow_vacuous = false;
   const CLI::Option *cases_opt = nullptr, *time_opt = nullptr;
 };
 
@@ -206,6 +207,7 @@ int run_gate(GateOptions& o) {
     CheckOptions chk;
     chk.backend = o.backend;
     chk.expert_outputs = !o.no_expert_outputs;
+    chk.allow_vacuous = o.allow_vacuous;
     const auto tc0 = std::chrono::steady_clock::now();
     write_case(plan_case(g, path), path);
     {
@@ -305,12 +307,14 @@ int run_gate(GateOptions& o) {
           for (const OutputInfo& oi : rd.outputs()) {
             CheckOptions k;
             k.output = oi.name;
+            k.allow_vacuous = o.allow_vacuous;
             jobs.push_back({"/outputs/" + oi.name, k});
           }
         }
         if (gpu) {
           CheckOptions k;
           k.backend = o.backend;
+          k.allow_vacuous = o.allow_vacuous;
           jobs.push_back({"run " + o.backend, k});
         }
         for (const auto& [label, k] : jobs) {
@@ -408,6 +412,7 @@ void register_gate(CLI::App& app) {
   sub->add_flag("--no-expert-outputs", o->no_expert_outputs,
                 "judge the combined output only (no per-slot judging of each expert's output)");
   sub->add_flag("-v,--verbose", o->verbose, "print every sweep case with its make-case command");
+  sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress line");
   set_runner(sub, [o]() { return run_gate(*o); });
 }

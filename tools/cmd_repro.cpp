@@ -45,6 +45,7 @@ void register_repro(CLI::App& app) {
     std::string path, backend, output, model;
     int64_t int32_threshold = -1;
     size_t rows = 8;
+    bool allow_vacuous = false;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
@@ -54,6 +55,7 @@ void register_repro(CLI::App& app) {
   sub->add_option("--int32-threshold", o->int32_threshold,
                   "faulty:int32_overflow: the wrap index (default: the recorded output's int32_threshold)");
   sub->add_option("--rows", o->rows, "expert rows shown (default 8, failing first)");
+  sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_option("--budget-model", o->model,
                   "judge with this model (default: the backend's or the recorded output's): " + budget_model_names())
       ->check(budget_model_validator());
@@ -64,6 +66,7 @@ void register_repro(CLI::App& app) {
     CheckOptions chk;
     chk.backend = o->backend;
     chk.budget_model = o->model;
+    chk.allow_vacuous = o->allow_vacuous;
     std::map<std::string, std::string> attrs;
     if (o->backend.empty()) {
       const auto outs = rd.outputs();
@@ -75,6 +78,7 @@ void register_repro(CLI::App& app) {
           CheckOptions k;
           k.output = oi.name;
           k.budget_model = o->model;
+          k.allow_vacuous = o->allow_vacuous;
           if (check_problem(cp, k).failed()) {
             o->output = oi.name;
             break;
@@ -131,9 +135,10 @@ void register_repro(CLI::App& app) {
       const CompareResult& r = out.results.front();
       os << fmt::format("- verdict: **{}**, max ratio {} at token {} col {}; {} of {} elements over budget; {} of {} "
                         "checks failed\n",
-                        r.pass ? "PASS" : "FAIL", report::num(r.max_ratio), r.worst_token, r.worst_col, r.elements_over,
+                        report::verdict_word(r), report::num(r.max_ratio), r.worst_token, r.worst_col, r.elements_over,
                         r.elements, r.checks_failed, r.checks);
       if (!r.pass) os << fmt::format("- reason: {}\n", failure_reason(r));
+      os << fmt::format("- power: {}\n", report::power_line(r));
       os << fmt::format("- routing: {} tokens differ from the reference ({} accepted near-ties){}\n",
                         r.mismatched_tokens, r.ambiguous_tokens,
                         r.mismatched.empty() ? "" : "; not accepted: tokens " + ids(r.mismatched));

@@ -23,7 +23,7 @@ void register_shrink(CLI::App& app) {
     int max_attempts = 400;
     int64_t int32_threshold = 0;
     std::string control, model;
-    bool no_record = false, no_control = false, quiet = false;
+    bool no_record = false, no_control = false, quiet = false, allow_vacuous = false;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "the failing case")->required();
@@ -38,6 +38,7 @@ void register_shrink(CLI::App& app) {
   sub->add_option("--control", o->control, "a backend that must pass on every kept candidate (default for faulty:*: emulated)");
   sub->add_flag("--no-control", o->no_control, "no control backend");
   sub->add_flag("--no-record", o->no_record, "do not record the failing output in the minimal case");
+  sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     if (o->backend.empty() && o->output.empty()) throw InputError("", "--backend", "give --backend B or --output NAME");
@@ -46,6 +47,7 @@ void register_shrink(CLI::App& app) {
     so.check.output = o->output;
     so.check.int32_threshold = o->int32_threshold;
     so.check.budget_model = o->model;
+    so.check.allow_vacuous = o->allow_vacuous;
     so.max_attempts = o->max_attempts;
     so.record = !o->no_record;
     so.control = o->control;

@@ -66,6 +66,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.slot_budget = r.slot_budget;
     d.noise_var = r.noise_var;
     d.slot_flip_projection = r.slot_flip_projection;
+    d.slot_noise_var = r.slot_noise_var;
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
 }
@@ -80,7 +81,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
     if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
-        stored->slot_flip_projection.size() == size_t(T * k)) {
+        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
@@ -93,6 +94,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.slot_budget = std::move(stored->slot_budget);
       r.noise_var = std::move(stored->noise_var);
       r.slot_flip_projection = std::move(stored->slot_flip_projection);
+      r.slot_noise_var = std::move(stored->slot_noise_var);
       *reused = true;
       return r;
     }

@@ -57,13 +57,21 @@ std::string config_summary(const MoeConfig& c, int64_t tokens = -1);
 using moecheck::describe_budget_model;
 
 struct Totals {
-  int64_t outputs = 0, outputs_failed = 0;
+  int64_t outputs = 0, outputs_failed = 0, outputs_vacuous = 0;
   int64_t checks = 0, checks_failed = 0;
   bool pass() const { return checks_failed == 0 && outputs_failed == 0; }
 };
 Totals totals(const std::vector<CompareResult>& results);
 
-// "N of M checks exceeded their budget": the closing line of every report.
+// "PASS" / "FAIL" / "VACUOUS" (verdict_label in capitals).
+std::string verdict_word(const CompareResult& r);
+// What the judgement could have seen (CompareResult::power), one line: the smallest detectable
+// scale errors, the single-token threshold, the share of elements with budget > |reference|.
+std::string power_line(const CompareResult& r);
+std::vector<std::string> power_lines(const CompareResult& r);  // the same, its three parts
+
+// "N of M checks exceeded their budget" (and ", K outputs vacuous" when some are): the closing
+// line of every report.
 std::string closing_line(const Totals& t);
 
 // ---- terminal ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -33,6 +34,7 @@ Totals totals(const std::vector<CompareResult>& results) {
   for (const CompareResult& r : results) {
     ++t.outputs;
     t.outputs_failed += !r.pass;
+    t.outputs_vacuous += r.power.vacuous;
     t.checks += r.checks;
     t.checks_failed += r.checks_failed;
   }
@@ -40,7 +42,36 @@ Totals totals(const std::vector<CompareResult>& results) {
 }
 
 std::string closing_line(const Totals& t) {
-  return fmt::format("{} of {} checks exceeded their budget", t.checks_failed, t.checks);
+  std::string s = fmt::format("{} of {} checks exceeded their budget", t.checks_failed, t.checks);
+  if (t.outputs_vacuous > 0)
+    s += fmt::format("; {} output{} vacuous (the checks would not see it zeroed)", t.outputs_vacuous,
+                     t.outputs_vacuous == 1 ? "" : "s");
+  return s;
+}
+
+std::string verdict_word(const CompareResult& r) {
+  std::string s = verdict_label(r);
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::vector<std::string> power_lines(const CompareResult& r) {
+  const Power& p = r.power;
+  return {fmt::format("detects a scale error of the whole output above {} (of any one expert above {})",
+                      num(p.scale_output), num(p.scale_any_expert)),
+          fmt::format("detects a scale error of one token's row above {} (median token {})", num(p.token_scale),
+                      num(p.token_scale_median)),
+          fmt::format("detects any change of one token's row above rel-L2 {} (median token {})", num(p.token_rel_l2),
+                      num(p.token_rel_l2_median)),
+          fmt::format("noise limit (z = {:.2f}) > |reference| on {:.1f}% of elements, worst-case budget on {:.1f}%{}",
+                      r.aggregate_z, 100 * p.noise_over_magnitude, 100 * p.over_magnitude,
+                      p.vacuous ? "; VACUOUS: the checks would not see this output (or a typical token) zeroed" : "")};
+}
+
+std::string power_line(const CompareResult& r) {
+  std::string s;
+  for (const std::string& l : power_lines(r)) s += (s.empty() ? "" : "; ") + l;
+  return s;
 }
 
 bool color_wanted(int fd) {

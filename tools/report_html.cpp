@@ -129,6 +129,23 @@ std::string token_failures_html(const CompareResult& r) {
   return s + "</table>";
 }
 
+std::string token_scale_html(const CompareResult& r) {
+  std::string rows;
+  size_t n = 0;
+  for (const TokenScale& t : r.token_scale) {
+    if (t.ok) continue;
+    if (n++ < kRoutingRows)
+      rows += fmt::format("<tr class='failrow'><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", t.token, num(t.beta),
+                          num(t.se), num(t.detectable));
+  }
+  if (n == 0) return "";
+  return fmt::format("<h3>Token scale test</h3><p>{} token{} whose row, fitted as (1 + beta) times the reference, "
+                     "is off by more than the test allows.</p><table class='tokens'><tr><th>token</th><th>beta</th>"
+                     "<th>SE</th><th>detectable above</th></tr>",
+                     n, n == 1 ? "" : "s") +
+         rows + "</table>";
+}
+
 std::string expert_row(const ExpertVerdict& v) {
   const bool elem_ok = !v.blamed && v.max_ratio <= 1.0;
   return fmt::format(
@@ -193,20 +210,22 @@ std::string metrics_html(const CompareResult& r) {
 }
 
 std::string output_html(const CompareResult& r, const OutputData* data, size_t index) {
+  const std::string word = verdict_word(r);
   std::string s = fmt::format("<section class='output' id='output-{}'><h2><span class='badge {}'>{}</span> {}</h2>", index,
-                              r.pass ? "pass" : "fail", r.pass ? "PASS" : "FAIL", esc(r.name));
+                              word == "PASS" ? "pass" : "fail", word, esc(r.name));
   s += fmt::format("<p>max ratio <b>{}</b>", num(r.max_ratio));
   if (r.worst_token >= 0) s += fmt::format(" at token {}, column {}", r.worst_token, r.worst_col);
   s += fmt::format("; {} of {} elements over budget; {} of {} checks failed.</p>", r.elements_over, r.elements,
                    r.checks_failed, r.checks);
   s += fmt::format("<p>Budget model <b>{}</b>: {}.</p>", esc(budget_model_name(r.model.acc)),
                    esc(describe_budget_model(r.model)));
+  s += fmt::format("<p>Power (BUDGETS.md &sect;10.6): {}.</p>", esc(power_line(r)));
   s += "<figure><figcaption>Max ratio per expert (bars by global expert id; dashed line: the budget)</figcaption>" +
        expert_bars_svg(r) + "</figure>";
   s += "<div class='charts'><figure><figcaption>Error against magnitude</figcaption>" + scatter_svg(r, data, index) +
        "</figure><figure><figcaption>Max ratio per token and hidden block</figcaption>" + heatmap_svg(r) +
        "</figure></div>";
-  s += routing_html(r) + token_failures_html(r) + experts_html(r) + metrics_html(r);
+  s += routing_html(r) + token_failures_html(r) + token_scale_html(r) + experts_html(r) + metrics_html(r);
   return s + "</section>";
 }
 

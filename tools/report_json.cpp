@@ -32,7 +32,11 @@ Json expert_json(const ExpertVerdict& v) {
   e["max_ratio"] = real(v.max_ratio);
   e["rel_l2"] = real(v.rel_l2);
   e["blamed"] = v.blamed;
-  e["bias"] = {{"beta", real(v.beta)}, {"se", real(v.beta_se)}, {"allow", real(v.beta_allow)}, {"ok", v.bias_ok}};
+  e["bias"] = {{"beta", real(v.beta)},
+               {"se", real(v.beta_se)},
+               {"allow", real(v.beta_allow)},
+               {"ok", v.bias_ok},
+               {"detectable", real(v.beta_detectable)}};
   e["energy"] = {{"ratio", real(v.energy_ratio)}, {"limit", real(v.energy_limit)}, {"ok", v.energy_ok}};
   e["status"] = status(v.pass);
   return e;
@@ -59,7 +63,7 @@ Json metrics_json(const FamiliarMetrics& m) {
 Json output_json(const CompareResult& r) {
   Json o;
   o["name"] = r.name;
-  o["status"] = status(r.pass);
+  o["status"] = verdict_label(r);
   o["budget_model"] = budget_model_name(r.model.acc);
   o["budget_model_description"] = describe_budget_model(r.model);
   o["checks"] = r.checks;
@@ -86,6 +90,23 @@ Json output_json(const CompareResult& r) {
     failures.push_back({{"token", t}, {"max_ratio", have ? real(m) : Json(nullptr)}, {"col", have ? Json(col) : Json(nullptr)}});
   }
   o["token_failures"] = std::move(failures);
+  Json scale = Json::array();
+  for (const TokenScale& t : r.token_scale)
+    if (!t.ok)
+      scale.push_back({{"token", t.token}, {"beta", real(t.beta)}, {"se", real(t.se)}, {"detectable", real(t.detectable)}});
+  o["token_scale_failures"] = std::move(scale);
+  o["output_scale"] = {{"beta", real(r.output_scale.beta)}, {"se", real(r.output_scale.se)},
+                       {"detectable", real(r.output_scale.detectable)}, {"ok", r.output_scale.ok}};
+  o["power"] = {{"scale_error", real(r.power.scale_output)},
+                {"scale_error_any_expert", real(r.power.scale_any_expert)},
+                {"token_scale_error", real(r.power.token_scale)},
+                {"token_scale_error_median", real(r.power.token_scale_median)},
+                {"token_rel_l2", real(r.power.token_rel_l2)},
+                {"token_rel_l2_median", real(r.power.token_rel_l2_median)},
+                {"budget_over_magnitude", real(r.power.over_magnitude)},
+                {"noise_over_magnitude", real(r.power.noise_over_magnitude)},
+                {"z", real(r.aggregate_z)},
+                {"vacuous", r.power.vacuous}};
   o["metrics"] = metrics_json(r.metrics);
   return o;
 }
@@ -102,7 +123,7 @@ std::string render_json(const ReportContext& ctx, const std::vector<CompareResul
   doc["tier"] = ctx.tier;
   doc["budget_model"] = ctx.budget_model;
   doc["reference_seconds"] = ctx.reference_seconds >= 0 ? Json(ctx.reference_seconds) : Json(nullptr);
-  doc["status"] = status(t.pass());
+  doc["status"] = !t.pass() && t.checks_failed == 0 && t.outputs_vacuous > 0 ? "vacuous" : status(t.pass());
   doc["checks"] = t.checks;
   doc["checks_failed"] = t.checks_failed;
   doc["summary"] = closing_line(t);

@@ -145,6 +145,22 @@ void write_token_failures(std::ostream& os, const CompareResult& r, const TextOp
   if (toks.size() > opt.max_token_ids) os << fmt::format("    ... {} more tokens\n", toks.size() - opt.max_token_ids);
 }
 
+void write_token_scale(std::ostream& os, const CompareResult& r, const TextOptions& opt) {
+  if (!r.output_scale.ok)
+    os << fmt::format("  whole-output scale test fails: beta {} +- {} (detectable above {})\n", num(r.output_scale.beta),
+                      num(r.output_scale.se), num(r.output_scale.detectable));
+  std::vector<const TokenScale*> bad;
+  for (const TokenScale& t : r.token_scale)
+    if (!t.ok) bad.push_back(&t);
+  if (bad.empty()) return;
+  os << fmt::format("  token scale test fails on {} (row fitted as (1 + beta) x reference):\n",
+                    plural(static_cast<int64_t>(bad.size()), "token", "tokens"));
+  for (size_t i = 0; i < bad.size() && i < opt.max_token_ids; ++i)
+    os << fmt::format("    token {}: beta {} +- {} (detectable above {})\n", bad[i]->token, num(bad[i]->beta),
+                      num(bad[i]->se), num(bad[i]->detectable));
+  if (bad.size() > opt.max_token_ids) os << fmt::format("    ... {} more tokens\n", bad.size() - opt.max_token_ids);
+}
+
 void write_metrics(std::ostream& os, const CompareResult& r, const Style& st) {
   const FamiliarMetrics& m = r.metrics;
   os << "  familiar metrics (what engines' own tests compute, on the same data):\n";
@@ -173,11 +189,16 @@ void write_output(std::ostream& os, const CompareResult& r, const TextOptions& o
   facts += fmt::format("; {} of {} elements over budget", r.elements_over, r.elements);
   // "FAIL  name: facts" on one line when it fits, else the facts on the next.
   const bool one_line = 6 + name.size() + 2 + facts.size() <= kWidth;
-  os << st.verdict(r.pass, "PASS", "FAIL") << "  " << name << ":" << (one_line ? " " : "\n      ") << facts << '\n';
+  const std::string word = verdict_word(r);
+  os << st.verdict(word == "PASS", word.c_str(), word.c_str()) << std::string(word.size() < 4 ? 4 - word.size() : 0, ' ')
+     << "  " << name << ":" << (one_line ? " " : "\n      ") << facts << '\n';
   os << "  budget model: " << budget_model_name(r.model.acc) << "\n    " << describe_budget_model(r.model) << '\n';
+  os << "  power (what this check could have seen):\n";
+  for (const std::string& line : power_lines(r)) os << "    " << line << '\n';
   write_routing(os, r, opt);
   write_experts(os, r, opt, st);
   write_token_failures(os, r, opt);
+  write_token_scale(os, r, opt);
   write_metrics(os, r, st);
   os << fmt::format("  {} of {} checks of this output failed\n", r.checks_failed, r.checks);
 }

@@ -1,0 +1,141 @@
+// The statistical error model's building blocks (noise_model.hpp; BUDGETS.md §10).
+#include "reference/noise_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "reference/fp8_formats.hpp"
+#include "reference/fp8_quant.hpp"
+#include "reference/moe_forward.hpp"
+
+namespace moecheck {
+
+namespace {
+constexpr double kU32 = 0x1p-24;
+
+// The variance proxy after a rounding that maps the device's v + X to a value on a grid, where
+// the reference's v went to vr: the cell of vr reaches lo below it and hi above it (hi = inf:
+// nothing above rounds elsewhere, saturation), and leaving it moves the result by about a step
+// (step_lo below, step_hi above) plus X itself.
+double cell_crossing_var(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
+  if (!(var > 0)) return 0.0;
+  const double p_lo = crossing_probability(v - (vr - lo), var);
+  const double p_hi = std::isinf(hi) ? 0.0 : crossing_probability(vr + hi - v, var);
+  const double step = std::max(step_lo, step_hi);
+  // Never below var itself: an element whose crossing probability underflows keeps a finite
+  // weight in the aggregate fits (and the model stays conservative there).
+  return std::max(std::min(1.0, p_lo + p_hi) * (step * step + var), var);
+}
+
+// Steps of a binary grid with `mant` fraction bits and smallest normal exponent emin at r: the
+// step at |r| and the step below |r| (half of it at a power of two above the subnormals).
+struct Steps {
+  double at, below;
+};
+Steps grid_steps(double r, int mant, int emin) {
+  const double a = std::fabs(r);
+  const double sub = std::ldexp(1.0, emin - mant);
+  if (a < std::ldexp(1.0, emin)) return {sub, sub};
+  int e;
+  const double f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  const double at = std::ldexp(1.0, e - 1 - mant);
+  return {at, f == 0.5 && a > std::ldexp(1.0, emin) ? at / 2 : at};
+}
+
+// The crossing variance for a value rounded to nearest on that grid: toward zero the cell
+// reaches half the step below, away from zero half the step at vr (mirrored for negatives).
+double grid_crossing_var(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
+  const Steps s = grid_steps(vr, mant, emin);
+  const double toward0 = s.below, away = s.at;
+  if (vr > 0) return cell_crossing_var(v, vr, var, toward0 / 2, saturate_at_vr ? INFINITY : away / 2, toward0, away);
+  if (vr < 0) return cell_crossing_var(v, vr, var, saturate_at_vr ? INFINITY : away / 2, toward0 / 2, away, toward0);
+  return cell_crossing_var(v, vr, var, s.at / 2, s.at / 2, s.at, s.at);
+}
+
+// d/dg silu(g) = sigma(g) (1 + g (1 - sigma(g))).
+double silu_slope(double g) {
+  const double sg = 1.0 / (1.0 + std::exp(-g));
+  return sg * (1.0 + g * (1.0 - sg));
+}
+}  // namespace
+
+double crossing_probability(double dist, double var) {
+  if (!(var > 0)) return dist > 0 ? 0.0 : 1.0;
+  return 0.5 * std::erfc(dist / std::sqrt(2 * var));
+}
+
+double rounded_noise_var(double v, double vr, double var) { return rounded_noise_var(v, vr, var, Precision::bf16); }
+
+double rounded_noise_var(double v, double vr, double var, Precision p) {
+  if (!(var > 0)) return 0.0;
+  if (!std::isfinite(vr)) return var;
+  return p == Precision::bf16 ? grid_crossing_var(v, vr, var, 7, -126) : grid_crossing_var(v, vr, var, 23, -126);
+}
+
+double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * std::max(tests, 1.0) / alpha)); }
+
+void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
+                            int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
+                            const double* worst_dev, double* var) {
+  const int64_t I = c.intermediate_size, G = c.group_size;
+  const Precision ip = c.intermediate_dtype;
+  const auto round_p = [](double v, Precision p) {
+    return p == Precision::bf16 ? double(bf16_round(v)) : double(fl32(v));
+  };
+  // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
+  // float32 (silu_ulps) and possibly bf16, the product and its rounding to ip.
+  std::vector<double> vh(static_cast<size_t>(I));
+  for (int64_t i = 0; i < I; ++i) {
+    const double g0 = x[gate0 + i], u0 = x[up0 + i];
+    const double g = round_p(g0, ip), u = round_p(u0, ip);
+    const double vg = rounded_noise_var(g0, g, vx[gate0 + i], ip), vu = rounded_noise_var(u0, u, vx[up0 + i], ip);
+    const double s0 = silu(g), slope = silu_slope(g), ds = m.silu_ulps * kU32 * std::fabs(s0);
+    double vs = slope * slope * vg + ds * ds;
+    double sg = s0;
+    if (c.recipe.silu_dtype == Precision::bf16) sg = round_p(s0, Precision::bf16), vs = rounded_noise_var(s0, sg, vs);
+    const double h0 = sg * u, dp = kU32 * std::fabs(h0);
+    vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), u * u * vs + sg * sg * vu + dp * dp, ip);
+  }
+  // Step 2: re-quantization per group. The scale follows the group's amax (the element of the
+  // largest |h|): float32 scales move continuously with it, UE8M0 scales by a factor of two
+  // when amax crosses a power-of-two boundary.
+  const ActQuantRule rule = act_quant_rule(c);
+  const double dw = m.divide_ulps * kU32;
+  for (int64_t g0 = 0; g0 < I; g0 += G) {
+    const int64_t n = std::min(G, I - g0);
+    const double s = scales[g0 / G];
+    int64_t jmax = g0;
+    for (int64_t i = g0; i < g0 + n; ++i)
+      if (std::fabs(h[i]) > std::fabs(h[jmax])) jmax = i;
+    const double amax = std::fabs(h[jmax]), vamax = vh[size_t(jmax)];
+    const bool floored = rule.floor == ActScaleFloor::eps && amax < rule.eps;
+    if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
+      for (int64_t i = g0; i < g0 + n; ++i) var[i] = worst_dev[i] * worst_dev[i];
+      continue;
+    }
+    // Float32 scales: vs, the proxy of the device's scale minus s (continuous). UE8M0 scales:
+    // s = 2^e covers amax / 448 in (s / 2, s]; leaving it doubles (p_up) or halves (p_dn) the
+    // scale, and every element of the group is re-quantized on the other grid: its dequantized
+    // value moves by at most half a step of each grid, 1.5 (doubled) or 0.75 (halved) steps.
+    double vs = 0, p_up = 0, p_dn = 0;
+    if (!floored) {
+      const double dsl = m.scale_ulps * kU32 * s;
+      if (rule.format == ScaleFormat::f32) {
+        vs = (s / amax) * (s / amax) * vamax + dsl * dsl;
+      } else {
+        const double va = vamax + (448 * dsl) * (448 * dsl);
+        p_up = crossing_probability(448.0 * s - amax, va), p_dn = crossing_probability(amax - 224.0 * s, va);
+      }
+    }
+    for (int64_t i = g0; i < g0 + n; ++i) {
+      const double v = double(h[i]) / s, cv = double(e4m3_decode(codes[i]));
+      const double vv = vh[size_t(i)] / (s * s) + v * v * vs / (s * s) + (dw * v) * (dw * v);
+      // Codes saturate at +-448: nothing beyond rounds elsewhere.
+      const double st = grid_steps(cv, 3, -6).at * s;
+      var[i] = s * s * grid_crossing_var(v, cv, vv, 3, -6, std::fabs(cv) == 448.0) + cv * cv * vs +
+               std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) + std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
+    }
+  }
+}
+
+}  // namespace moecheck

@@ -1,0 +1,54 @@
+// The statistical error model (BUDGETS.md §10): beside the worst-case budget (exceeding it proves
+// a bug), what a correct device's deviation from the reference looks like on ordinary data, so
+// that the aggregate tests run against what a correct device really does.
+//
+// Every deviation is written as a sum of independent, zero-mean, bounded terms: each term of
+// range (-r, r) has the Hoeffding variance proxy r^2 (a sum of such terms is sub-Gaussian with
+// the sum of the proxies, P(S > t) <= exp(-t^2 / (2 V))). Which terms are taken as independent
+// and zero-mean is the model's assumption, stated where each term is made (BUDGETS.md §10.1-10.4)
+// and tested on bit-exact Hopper emulations (tests/noise_model_test.cpp).
+//
+// Roundings of a device value the reference knows to be near v (the reference's own unrounded
+// value) are not noise of their own: the device rounds to the same value vr as the reference
+// unless its deviation crosses a rounding boundary, so the variance after the rounding is the
+// crossing probability times the squared step, centred on vr.
+#pragma once
+
+#include <cstdint>
+
+#include "reference/moe_budget.hpp"
+#include "reference/moe_config.hpp"
+
+namespace moecheck {
+
+// P(X >= dist) for a deviation X of variance var, in the normal approximation (X is a sum of many
+// independent terms; BUDGETS.md §10.2): 0.5 erfc(dist / sqrt(2 var)) (one half at dist = 0).
+double crossing_probability(double dist, double var);
+
+// The variance proxy of (device's bf16(fl32(v + X)) - vr), vr = the reference's bf16(fl32(v)),
+// when the device's deviation X before the rounding has proxy var: crossing one of the two
+// boundaries of vr's rounding cell has probability p <= P_lo + P_hi, and then the rounded value
+// moves by about one step plus X: p (step^2 + var), at most step^2 + var, at least var.
+double rounded_noise_var(double v, double vr, double var);
+// The same for a rounding to precision p (bf16, or float32 where the step is 2^-23 relative).
+double rounded_noise_var(double v, double vr, double var, Precision p);
+
+// The noise model of one row's intermediate (BUDGETS.md §10.2): from the GEMM1 outputs x [2I]
+// (the reference's, unrounded) and their variance proxies vx, through the roundings of gate and
+// up, silu, the product and its rounding, to the re-quantization of each group: the reference's
+// own pre-quantization values h [I] (float, as it quantized them), its codes [I] and scales
+// [ceil(I/G)]. Writes var [I], the proxy of the device's dequantized intermediate minus the
+// reference's. Where the model does not apply (a group whose scale may be 0 without a floor) it
+// writes worst_dev^2, the worst case's deviation squared.
+void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
+                            int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
+                            const double* worst_dev, double* var);
+
+// The sigma multiple at which a sub-Gaussian test of `tests` statistics has a false-alarm
+// probability of at most `alpha` in all (two-sided, union bound): sqrt(2 ln(2 tests / alpha)).
+double noise_z(double tests, double alpha);
+
+// False-alarm probability per judged output that the aggregate tests are held to (BUDGETS.md §10).
+constexpr double kFalseAlarmPerOutput = 1e-6;
+
+}  // namespace moecheck
