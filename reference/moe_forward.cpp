@@ -109,7 +109,13 @@ struct PanelExtras {
   // sq: out = in * (W o W)^T, the sums of squares of the noise model (BUDGETS.md §10.2), through
   // the buffer sq_panel.
   AbsProduct sq{};
-  std::vector<double>* sq_panel = nullptr;
+  // Evaluated in float32 (a variance needs a few digits; float halves the GEMM's cost): the input
+  // converted once per call into sq_in, the squared weights per panel into sq_panel, the product
+  // into sq_out before it is widened into out.
+  std::vector<float>* sq_panel = nullptr;
+  std::vector<float>* sq_in = nullptr;
+  std::vector<float>* sq_out = nullptr;
+
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
 };
 
@@ -131,7 +137,15 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   if (ex.trunc && ex.trunc->var) ex.trunc->var->resize(a.rows(), N);
-  if (ex.sq.in) ex.sq.out->resize(ex.sq.in->rows(), N), ex.sq_panel->resize(panel.size());
+  using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  if (ex.sq.in) {
+    ex.sq.out->resize(ex.sq.in->rows(), N);
+    ex.sq_panel->resize(panel.size());
+    ex.sq_in->resize(size_t(ex.sq.in->size()));
+    ex.sq_out->resize(size_t(ex.sq.in->rows() * kPanelRows));
+    Eigen::Map<RowMatF>(ex.sq_in->data(), ex.sq.in->rows(), K) = ex.sq.in->cast<float>();
+  }
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
   // unless the pass declines.
@@ -149,9 +163,11 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.sq.in) {
-      Eigen::Map<RowMat> w2(ex.sq_panel->data(), nr, K);
-      w2 = w.array().square().matrix();
-      ex.sq.out->middleCols(r0, nr).noalias() = *ex.sq.in * w2.transpose();
+      Eigen::Map<RowMatF> w2(ex.sq_panel->data(), nr, K);
+      w2 = w.array().square().cast<float>().matrix();
+      Eigen::Map<RowMatF> o(ex.sq_out->data(), ex.sq.in->rows(), nr);
+      o.noalias() = Eigen::Map<const RowMatF>(ex.sq_in->data(), ex.sq.in->rows(), K) * w2.transpose();
+      ex.sq.out->middleCols(r0, nr) = o.cast<double>();
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
     if (sparse_back)
@@ -206,8 +222,9 @@ struct Scratch {
   RowMat yw;              // budget: y W2 [n, I], the flip projections
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
-  RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): inputs and outputs of the squares products
-  std::vector<double> panel, lut, abs_panel, tscratch, sq_panel;
+  RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
+  std::vector<double> panel, lut, abs_panel, tscratch;
+  std::vector<float> sq_panel, sq_in, sq_out;  // noise model: the squares products in float32
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -356,10 +373,16 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   // GEMM1: x [n, 2I] = a W13^T, rounded to intermediate_dtype in the quantized tier.
   {
     PanelExtras ex;
-    if (budget) {
-      ex.add_abs(&s.da, &s.dx);
-      s.da2 = s.da.array().square().matrix();  // §10.1: the activations' deviations, one term each
-      ex.sq = {&s.da2, &s.vx}, ex.sq_panel = &s.sq_panel;
+    if (budget) ex.add_abs(&s.da, &s.dx);
+    // §10.1: GEMM1's input deviations (the activations' and the per-term accumulation constant
+    // c1 |a|), one term each, sum_k w_k^2 da_k^2, for the float32 models. Under a chunked model
+    // (hopper) c1 is the promotion's 2^-23 and the activations' deviation is 0 outside the rare
+    // groups whose scale the float32 slack may move: there they enter at their worst case
+    // (sum_k da_k |w_k|)^2 instead, saving a pass over W13 that at T = 64 on DeepSeek-V3 costs as
+    // much as GEMM1 itself.
+    if (budget && !bc.chunked) {
+      s.da2 = s.da.array().square().matrix();
+      ex.sq = {&s.da2, &s.vx}, ex.sq_panel = &s.sq_panel, ex.sq_in = &s.sq_in, ex.sq_out = &s.sq_out;
     }
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
     TruncationProduct tp{};
@@ -377,6 +400,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
+    if (budget && bc.chunked) s.vx = s.dx.array().square().matrix();  // before the truncation term
     if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr, s.vx += (1 + bc.c1) * (1 + bc.c1) * s.tvar;  // §2.1, §10.1
     // Gradual underflow (BUDGETS.md §2): each of the ceil(H/B) promotion FFMAs may err by half a
     // float32 subnormal step beyond its relative bound.
@@ -447,7 +471,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
       // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
       // reaching every output through W2: sum_i W2[o, i]^2 var_i.
-      ex.sq = {&s.hvar, &s.vy}, ex.sq_panel = &s.sq_panel;
+      ex.sq = {&s.hvar, &s.vy}, ex.sq_panel = &s.sq_panel, ex.sq_in = &s.sq_in, ex.sq_out = &s.sq_out;
     }
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};

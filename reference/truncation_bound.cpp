@@ -372,12 +372,11 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(nlow[r][j], lead));
       const __m256d reg = _mm256_add_pd(P[r][j], E[r]);
       const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
-      if (var_out) {  // chunk_variance(G, T, r1 Q), G = g1 max(mh, reg) > 0 wherever T > 0
+      if (var_out) {  // chunk_variance(G, T, r1 Q): T / G is the count, G = g1 max(mh, reg)
         const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
         const __m256d gp = _mm256_and_pd(G, expmask), rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
-        const __m256d tg = _mm256_and_pd(_mm256_cmp_pd(G, zero, _CMP_GT_OQ), _mm256_div_pd(T, G));
-        const __m256d add = _mm256_fmadd_pd(rp, rp, _mm256_mul_pd(_mm256_mul_pd(tg, gp), gp));
-        V[r] = _mm256_fmadd_pd(add, third, V[r]);
+        const __m256d cnt = _mm256_add_pd(nlow[r][j], lead);
+        V[r] = _mm256_fmadd_pd(_mm256_fmadd_pd(_mm256_mul_pd(cnt, gp), gp, _mm256_mul_pd(rp, rp)), third, V[r]);
       }
       E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], T), _mm256_mul_pd(r1, Q[r][j]));
     }
