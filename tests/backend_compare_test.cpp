@@ -75,10 +75,7 @@ std::string describe(const CompareResult& r) {
 }
 
 TEST(EmulatedBackend, PassesCompareOnRandomCases) {
-  const char* env_seed = std::getenv("MOECHECK_SEED");
-  const char* env_cases = std::getenv("MOECHECK_CASES");
-  const uint64_t first = env_seed ? std::strtoull(env_seed, nullptr, 10) : 0;
-  const uint64_t count = env_seed ? 1 : (env_cases ? std::strtoull(env_cases, nullptr, 10) : 1500);
+  const auto [first, count] = testing::seed_range(1500);
   int64_t near_ties = 0, slots_checked = 0;
   for (uint64_t seed = first; seed < first + count; ++seed) {
     const MoeConfig c = random_config(seed);

@@ -74,10 +74,7 @@ MoeConfig random_config(uint64_t seed) {
 }
 
 TEST(NoiseModel, HopperEmulationStaysInsideTheModel) {
-  const char* env_seed = std::getenv("MOECHECK_SEED");
-  const char* env_cases = std::getenv("MOECHECK_CASES");
-  const uint64_t first = env_seed ? std::strtoull(env_seed, nullptr, 10) : 0;
-  const uint64_t count = env_seed ? 1 : (env_cases ? std::strtoull(env_cases, nullptr, 10) : 40);
+  const auto [first, count] = testing::seed_range(40);
   const TensorCoreModel tc = TensorCoreModel::hopper_wgmma();
   double worst_rms = 0, sum_rms = 0;
   for (uint64_t seed = first; seed < first + count; ++seed) {

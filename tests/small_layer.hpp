@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -90,6 +91,18 @@ inline SmallLayer make_small_layer(const MoeConfig& c, int64_t T, uint64_t seed,
     L.stored.push_back(e);
   }
   return L;
+}
+
+// The seeds a random-case test runs: MOECHECK_SEED=<s> replays seed s alone, MOECHECK_CASES=<n>
+// runs n seeds from 0, else default_count.
+struct SeedRange {
+  uint64_t first = 0, count = 0;
+};
+inline SeedRange seed_range(uint64_t default_count) {
+  const char* env_seed = std::getenv("MOECHECK_SEED");
+  const char* env_cases = std::getenv("MOECHECK_CASES");
+  if (env_seed) return {std::strtoull(env_seed, nullptr, 10), 1};
+  return {0, env_cases ? std::strtoull(env_cases, nullptr, 10) : default_count};
 }
 
 // A backend's run as the judge's Observation (its bf16 output decoded, ids, slot outputs).
