@@ -180,11 +180,13 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   }
   // Centre and variance floor (BUDGETS.md §10.3): whatever a backend computed, its output is
   // rounded to bf16, so an observation that is not the reference's own rounding carries a fresh
-  // rounding error: the fits never weight an element above 12 / ulp^2.
+  // rounding error: the fits never weight an element above 12 / ulp^2, with ulp at least bf16's
+  // subnormal step 2^-133 (a centre of 0, or of a tiny token's subnormal outputs, would otherwise
+  // weigh without limit: H200 gate case 3304, BUDGETS.md §10.6).
   J.center.resize(J.output.size());
   for (size_t i = 0; i < J.output.size(); ++i) {
     J.center[i] = bf16_of_f32(J.output[i]);
-    const double ulp = bf16_ulp(J.center[i]);
+    const double ulp = std::max(bf16_ulp(J.center[i]), 0x1p-133);
     J.noise_var[i] = std::max(J.noise_var[i], ulp * ulp / 12);
   }
   std::sort(R.ambiguous.begin(), R.ambiguous.end());
