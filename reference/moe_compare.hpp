@@ -34,8 +34,8 @@ struct CompareOptions {
   BudgetModel model;
   double z = 0;             // sigma multiple of the aggregate tests; 0: from the false-alarm level (BUDGETS.md §10.5)
   bool keep_ratios = true;  // fill CompareResult::ratio (for the HTML heatmap)
-  // An output is vacuous when its checks would not detect the whole output, or its median
-  // token's row, scaled by a factor (1 + s) with |s| this large: at 1, zeroed (BUDGETS.md §10.6).
+  // An output is vacuous when its checks would not detect the whole output scaled by a factor
+  // (1 + s) with |s| this large: at 1, zeroed (BUDGETS.md §10.6).
   double vacuous_scale = 1.0;
   bool allow_vacuous = false;  // a vacuous output without failed checks counts as passing (still labelled vacuous)
 };
@@ -93,7 +93,7 @@ struct Power {
   double token_rel_l2 = 0, token_rel_l2_median = 0;
   double over_magnitude = 0;        // fraction of elements whose worst-case budget exceeds |reference|
   double noise_over_magnitude = 0;  // fraction whose noise-model limit z sigma exceeds |reference|
-  bool vacuous = false;             // scale_output or token_scale_median >= CompareOptions::vacuous_scale
+  bool vacuous = false;             // scale_output >= CompareOptions::vacuous_scale
 };
 
 struct CompareResult {
