@@ -140,14 +140,13 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   J.slot_output = ref.expert_outputs, J.slot_budget = ref.slot_budget, J.slot_noise_var = ref.slot_noise_var;
   J.flip_projection = ref.slot_flip_projection, J.ids = ref.routing.ids, J.weights = ref.routing.weights;
   // A reference without the noise model: the budget's square (the worst case as the noise).
-  if (J.noise_var.size() != J.output.size()) {
-    J.noise_var.resize(J.output.size());
-    for (size_t i = 0; i < J.output.size(); ++i) J.noise_var[i] = J.budget[i] * J.budget[i];
-  }
-  if (J.slot_noise_var.size() != J.slot_output.size()) {
-    J.slot_noise_var.resize(J.slot_output.size());
-    for (size_t i = 0; i < J.slot_output.size(); ++i) J.slot_noise_var[i] = J.slot_budget[i] * J.slot_budget[i];
-  }
+  auto or_budget_squared = [](std::vector<double>& var, const std::vector<double>& budget) {
+    if (var.size() == budget.size()) return;
+    var.resize(budget.size());
+    for (size_t i = 0; i < budget.size(); ++i) var[i] = budget[i] * budget[i];
+  };
+  or_budget_squared(J.noise_var, J.budget);
+  or_budget_squared(J.slot_noise_var, J.slot_budget);
   if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
 
   const Reruns rr = find_near_ties(p, ref, obs, model, R);

@@ -15,6 +15,23 @@
 
 namespace moecheck::compare {
 
+namespace {
+// The weighted fit's sums over some rows: sum o^2, sum o^2 / var, sum d o / var, the flip term.
+struct ScaleSums {
+  double oo = 0, ow = 0, dow = 0, flips = 0;
+  bool finite = true;
+};
+// beta, its standard error and the test at allow + z se; untouched where nothing was fitted (an
+// all-zero reference: the elementwise test judges it).
+void finish_scale_test(const ScaleSums& S, double allow, double z, TokenScale& ts) {
+  if (!(S.ow > 0)) return;
+  ts.beta = S.finite ? S.dow / S.ow : INFINITY;
+  ts.se = std::sqrt(1 / S.ow + S.flips / (S.oo * S.oo));
+  ts.detectable = allow + z * ts.se;
+  ts.ok = !(std::fabs(ts.beta) > ts.detectable);
+}
+}  // namespace
+
 void token_scale_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const CompareOptions& opt,
                        CompareResult& R) {
   const MoeConfig& c = p.config;
@@ -23,40 +40,27 @@ void token_scale_tests(const MoeProblem& p, const JudgedReference& J, const Obse
   const double z = aggregate_z(p, R.experts.size(), opt);
   R.aggregate_z = z;
   R.token_scale.assign(size_t(T), {});
-  double all_oo = 0, all_ow = 0, all_dow = 0, all_flips = 0;
-  bool all_finite = true;
+  ScaleSums all;
   for (int64_t t = 0; t < T; ++t) {
-    TokenScale& ts = R.token_scale[size_t(t)];
-    ts.token = t;
-    double oo = 0, ow = 0, dow = 0, flips = 0;  // sum o^2; sum o^2 / var; sum d o / var
-    bool finite = true;
+    ScaleSums S;
     for (int64_t h = 0; h < H; ++h) {
       const double o = J.output[t * H + h], x = obs.output[t * H + h], v = J.noise_var[t * H + h];
-      finite &= std::isfinite(x);
-      oo += o * o;
-      if (v > 0) ow += o * o / v, dow += (x - J.center[t * H + h]) * o / v;
+      S.finite &= std::isfinite(x);
+      S.oo += o * o;
+      if (v > 0) S.ow += o * o / v, S.dow += (x - J.center[t * H + h]) * o / v;
     }
     if (!J.flip_projection.empty())
       for (int64_t j = 0; j < k; ++j)
         if (c.is_local(J.ids[t * k + j])) {
           const double f = J.weights[t * k + j] * J.flip_projection[t * k + j];
-          flips += f * f;
+          S.flips += f * f;
         }
-    all_oo += oo, all_ow += ow, all_dow += dow, all_flips += flips, all_finite &= finite;
-    if (!(ow > 0)) continue;  // an all-zero reference row: the elementwise test judges it
-    ts.beta = finite ? dow / ow : INFINITY;
-    ts.se = std::sqrt(1 / ow + flips / (oo * oo));
-    ts.detectable = allow + z * ts.se;
-    ts.ok = !(std::fabs(ts.beta) > ts.detectable);
+    all.oo += S.oo, all.ow += S.ow, all.dow += S.dow, all.flips += S.flips, all.finite &= S.finite;
+    R.token_scale[size_t(t)].token = t;
+    finish_scale_test(S, allow, z, R.token_scale[size_t(t)]);
   }
-  TokenScale& os = R.output_scale;
-  os.token = -1;
-  if (all_ow > 0) {
-    os.beta = all_finite ? all_dow / all_ow : INFINITY;
-    os.se = std::sqrt(1 / all_ow + all_flips / (all_oo * all_oo));
-    os.detectable = allow + z * os.se;
-    os.ok = !(std::fabs(os.beta) > os.detectable);
-  }
+  R.output_scale.token = -1;
+  finish_scale_test(all, allow, z, R.output_scale);
 }
 
 }  // namespace moecheck::compare

@@ -33,6 +33,7 @@ std::optional<Tier> parse_tier(std::string_view s) {
 }
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
+double round_to(double x, Precision p) { return p == Precision::bf16 ? double(bf16_round(x)) : double(fl32(x)); }
 
 namespace {
 
@@ -98,6 +99,12 @@ struct TruncationProduct {
   Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
   std::vector<double>* walign = nullptr;  // buffer for the double path's A(w) panel
 };
+// The squares product is evaluated in float32 (a variance needs a few digits; float halves the
+// GEMM's cost): the input converted once per call into `in`, the squared weights per panel into
+// `panel`, the product into `out` before it is widened into the double result.
+struct SquaresBuffers {
+  std::vector<float> panel, in, out;
+};
 struct PanelExtras {
   AbsProduct abs[2];
   int n_abs = 0;
@@ -107,16 +114,11 @@ struct PanelExtras {
   const std::vector<std::vector<std::pair<int64_t, double>>>* back_only = nullptr;
   const TruncationProduct* trunc = nullptr;  // needs n_abs > 0 (it reads the |W| panel)
   // sq: out = in * (W o W)^T, the sums of squares of the noise model (BUDGETS.md §10.2), through
-  // the buffer sq_panel.
+  // the float32 buffers sq_buf.
   AbsProduct sq{};
-  // Evaluated in float32 (a variance needs a few digits; float halves the GEMM's cost): the input
-  // converted once per call into sq_in, the squared weights per panel into sq_panel, the product
-  // into sq_out before it is widened into out.
-  std::vector<float>* sq_panel = nullptr;
-  std::vector<float>* sq_in = nullptr;
-  std::vector<float>* sq_out = nullptr;
-
+  SquaresBuffers* sq_buf = nullptr;
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
+  void add_sq(const RowMat* in, RowMat* out, SquaresBuffers* buf) { sq = {in, out}, sq_buf = buf; }
 };
 
 // out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
@@ -141,10 +143,10 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
 
   if (ex.sq.in) {
     ex.sq.out->resize(ex.sq.in->rows(), N);
-    ex.sq_panel->resize(panel.size());
-    ex.sq_in->resize(size_t(ex.sq.in->size()));
-    ex.sq_out->resize(size_t(ex.sq.in->rows() * kPanelRows));
-    Eigen::Map<RowMatF>(ex.sq_in->data(), ex.sq.in->rows(), K) = ex.sq.in->cast<float>();
+    ex.sq_buf->panel.resize(panel.size());
+    ex.sq_buf->in.resize(size_t(ex.sq.in->size()));
+    ex.sq_buf->out.resize(size_t(ex.sq.in->rows() * kPanelRows));
+    Eigen::Map<RowMatF>(ex.sq_buf->in.data(), ex.sq.in->rows(), K) = ex.sq.in->cast<float>();
   }
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
@@ -163,10 +165,10 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.sq.in) {
-      Eigen::Map<RowMatF> w2(ex.sq_panel->data(), nr, K);
+      Eigen::Map<RowMatF> w2(ex.sq_buf->panel.data(), nr, K);
       w2 = w.array().square().cast<float>().matrix();
-      Eigen::Map<RowMatF> o(ex.sq_out->data(), ex.sq.in->rows(), nr);
-      o.noalias() = Eigen::Map<const RowMatF>(ex.sq_in->data(), ex.sq.in->rows(), K) * w2.transpose();
+      Eigen::Map<RowMatF> o(ex.sq_buf->out.data(), ex.sq.in->rows(), nr);
+      o.noalias() = Eigen::Map<const RowMatF>(ex.sq_buf->in.data(), ex.sq.in->rows(), K) * w2.transpose();
       ex.sq.out->middleCols(r0, nr) = o.cast<double>();
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
@@ -212,7 +214,6 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   }
 }
 
-double round_to(double x, Precision p) { return p == Precision::bf16 ? double(bf16_round(x)) : double(fl32(x)); }
 
 // ---- expert --------------------------------------------------------------------------
 struct Scratch {
@@ -224,7 +225,7 @@ struct Scratch {
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
   std::vector<double> panel, lut, abs_panel, tscratch;
-  std::vector<float> sq_panel, sq_in, sq_out;  // noise model: the squares products in float32
+  SquaresBuffers sq_buf;  // noise model: the squares products in float32
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -382,7 +383,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     // much as GEMM1 itself.
     if (budget && !bc.chunked) {
       s.da2 = s.da.array().square().matrix();
-      ex.sq = {&s.da2, &s.vx}, ex.sq_panel = &s.sq_panel, ex.sq_in = &s.sq_in, ex.sq_out = &s.sq_out;
+      ex.add_sq(&s.da2, &s.vx, &s.sq_buf);
     }
     if (bc.ideal) ex.add_abs(&s.qa, &s.qx);
     TruncationProduct tp{};
@@ -471,7 +472,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
       // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
       // reaching every output through W2: sum_i W2[o, i]^2 var_i.
-      ex.sq = {&s.hvar, &s.vy}, ex.sq_panel = &s.sq_panel, ex.sq_in = &s.sq_in, ex.sq_out = &s.sq_out;
+      ex.add_sq(&s.hvar, &s.vy, &s.sq_buf);
     }
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};

@@ -120,4 +120,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt);
 // SiLU in double: g / (1 + exp(-g)) (g -> -inf gives -0, never NaN).
 double silu(double g);
 
+// x rounded to precision p as the quantized tier rounds it: bf16 RNE, or float32.
+double round_to(double x, Precision p);
+
 }  // namespace moecheck

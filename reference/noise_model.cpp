@@ -79,20 +79,17 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
                             const double* worst_dev, double* var) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
-  const auto round_p = [](double v, Precision p) {
-    return p == Precision::bf16 ? double(bf16_round(v)) : double(fl32(v));
-  };
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
   // float32 (silu_ulps) and possibly bf16, the product and its rounding to ip.
   std::vector<double> vh(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     const double g0 = x[gate0 + i], u0 = x[up0 + i];
-    const double g = round_p(g0, ip), u = round_p(u0, ip);
+    const double g = round_to(g0, ip), u = round_to(u0, ip);
     const double vg = rounded_noise_var(g0, g, vx[gate0 + i], ip), vu = rounded_noise_var(u0, u, vx[up0 + i], ip);
     const double s0 = silu(g), slope = silu_slope(g), ds = m.silu_ulps * kU32 * std::fabs(s0);
     double vs = slope * slope * vg + ds * ds;
     double sg = s0;
-    if (c.recipe.silu_dtype == Precision::bf16) sg = round_p(s0, Precision::bf16), vs = rounded_noise_var(s0, sg, vs);
+    if (c.recipe.silu_dtype == Precision::bf16) sg = round_to(s0, Precision::bf16), vs = rounded_noise_var(s0, sg, vs);
     const double h0 = sg * u, dp = kU32 * std::fabs(h0);
     vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), u * u * vs + sg * sg * vu + dp * dp, ip);
   }
