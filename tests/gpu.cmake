@@ -12,3 +12,14 @@ if(TARGET gpu_kernels_test)
   # Link the shared CUDA runtime that moecheck_kernels uses (CMake would add the static one too).
   set_target_properties(gpu_kernels_test PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 endif()
+
+# triton_fp8_moe: a Triton FP8 block-scale fused MoE of the SGLang design (tests/triton/fp8_moe.py)
+# and its twelve mutants, captured with tools/capture and judged by `moecheck compare` with the
+# default engine model (tests/triton/triton_moe_test.py). It needs a python3 with torch and Triton
+# and an sm_90 GPU; without them it reports SKIPPED with the reason (exit 77). The python3 is the
+# first on PATH (an engine's virtual environment), not the Debian one the other Python tests use.
+find_program(MOECHECK_TORCH_PYTHON NAMES python3)
+add_test(NAME triton_fp8_moe
+         COMMAND ${MOECHECK_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/triton/triton_moe_test.py
+                 --moecheck $<TARGET_FILE:moecheck>)
+set_tests_properties(triton_fp8_moe PROPERTIES LABELS "gpu" TIMEOUT 900 SKIP_RETURN_CODE 77)
