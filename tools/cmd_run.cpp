@@ -3,6 +3,7 @@
 // the backend, device, tool version, creation time and budget model, atomically into the case
 // or into a copy OUT. Backends: emulated, faulty:<fault> (the emulated backend with one bug
 // class switched on, kernels/emulated/emulated_moe.hpp), cuda, cublaslt (need a Hopper GPU).
+#include <algorithm>
 #include <fmt/format.h>
 #include <iostream>
 
@@ -22,13 +23,17 @@ void register_run(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
   sub->add_option("--backend", o->backend, "emulated | faulty:<fault> | cuda | cublaslt")->required();
-  sub->add_option("--name", o->name, "output name (default: the backend name)");
+  sub->add_option("--name", o->name, "output name (default: the backend name, '@' written as '+')");
   sub->add_flag("--expert-outputs", o->expert_outputs, "also record each slot's output before weighting");
   sub->add_option("--int32-threshold", o->int32_threshold,
                   "faulty:int32_overflow only: the flat index at which the emulated int32 wraps");
   sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case");
   set_runner(sub, [o]() {
-    const std::string name = o->name.empty() ? o->backend : o->name;
+    std::string name = o->name;
+    if (name.empty()) {  // a backend name with a model (faulty:F@hopper) is not an output name as is
+      name = o->backend;
+      std::replace(name.begin(), name.end(), '@', '+');
+    }
     if (!is_valid_output_name(name))  // before any work is done
       throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     const CaseProblem cp(o->path);
