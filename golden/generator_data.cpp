@@ -114,6 +114,41 @@ void plant_tie(const DataSpec& s, int64_t t, float* row, const std::vector<float
   row[pick] = (t % 4 == 1) ? row[a] : std::nextafter(row[a], HUGE_VALF);
 }
 
+constexpr int64_t kColdToken = 6;
+
+// Token 6 of a planted distribution with grouped, biased routing (GENERATOR.md "Cold token",
+// BUG-CLASSES #19): every logit -20 (sigmoid ~2e-9: an expert's biased score is its bias), except
+// one anchor per group in the topk_group groups with the fewest non-negative biases, at +8. The
+// anchored groups are kept (unless a group's two largest biases outscore an anchor, as GLM-like
+// biases do); the anchor is its group's largest bias, so the other top_k - topk_group choices
+// come from the kept groups' remaining experts, whose scores are negative where their biases are.
+// Masking the excluded groups with 0 instead of -inf then picks an excluded expert (score 0)
+// over every negative one: it changes this token's choice whenever fewer than top_k kept experts
+// score >= 0.
+void plant_cold_token(const MoeConfig& c, float* row, const std::vector<float>& bias) {
+  const int64_t E = c.num_experts, per = E / c.n_group;
+  std::vector<int64_t> anchor(size_t(c.n_group)), positives(size_t(c.n_group), 0);
+  for (int64_t g = 0; g < c.n_group; ++g) {
+    int64_t best = g * per;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e)
+      if (bias[size_t(e)] > bias[size_t(best)]) best = e;
+    anchor[size_t(g)] = best;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) positives[size_t(g)] += e != best && bias[size_t(e)] >= 0;
+  }
+  std::vector<int64_t> groups(size_t(c.n_group));
+  for (int64_t g = 0; g < c.n_group; ++g) groups[size_t(g)] = g;
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](int64_t a, int64_t b) { return positives[size_t(a)] < positives[size_t(b)]; });
+  std::fill_n(row, E, -20.0f);
+  for (int64_t i = 0; i < c.topk_group; ++i) row[anchor[size_t(groups[size_t(i)])]] = 8.0f;
+}
+
+bool has_cold_token(const DataSpec& s, const std::vector<float>& bias) {
+  const MoeConfig& c = s.layer;
+  return rates_of(s.dist).planted && c.routing == RoutingMethod::deepseek_v3 && !bias.empty() &&
+         c.n_group > 1 && c.topk_group < c.n_group && c.top_k > c.topk_group;
+}
+
 }  // namespace
 
 std::vector<float> hidden_states(const DataSpec& s, int64_t T) {
@@ -208,6 +243,7 @@ std::vector<float> router_logits(const DataSpec& s, int64_t T, const std::vector
     fill_normals(n, uint64_t(t * E), size_t(E), z.data());
     for (int64_t e = 0; e < E; ++e) row[e] = zero_row ? 0.0f : fl32(z[size_t(e)] + offset[size_t(e)]);
     if (s.near_ties && !zero_row && (t % 4 == 1 || t % 4 == 3)) plant_tie(s, t, row, bias);
+    if (t == kColdToken && has_cold_token(s, bias)) plant_cold_token(s.layer, row, bias);
   }
   return l;
 }
