@@ -117,14 +117,16 @@ void plant_tie(const DataSpec& s, int64_t t, float* row, const std::vector<float
 constexpr int64_t kColdToken = 6;
 
 // Token 6 of a planted distribution with grouped, biased routing (GENERATOR.md "Cold token",
-// BUG-CLASSES #19): every logit -20 (sigmoid ~2e-9: an expert's biased score is its bias), except
-// one anchor per group in the topk_group groups with the fewest non-negative biases, at +8. The
-// anchored groups are kept (unless a group's two largest biases outscore an anchor, as GLM-like
-// biases do); the anchor is its group's largest bias, so the other top_k - topk_group choices
-// come from the kept groups' remaining experts, whose scores are negative where their biases are.
-// Masking the excluded groups with 0 instead of -inf then picks an excluded expert (score 0)
-// over every negative one: it changes this token's choice whenever fewer than top_k kept experts
-// score >= 0.
+// BUG-CLASSES #19): every logit -4 (sigmoid 0.018: an expert's biased score is negative where its
+// bias is below -0.018, and its weight, a few % of an anchor's, still shows in the output),
+// except one anchor per group in the topk_group groups with the fewest non-negative scores, at
+// +8. The anchored groups are kept (unless a group's two largest biases outscore an anchor, as
+// GLM-like biases do); the anchor is its group's largest bias, so the other top_k - topk_group
+// choices come from the kept groups' remaining experts. Masking the excluded groups with 0
+// instead of -inf then picks an excluded expert (score 0) over every negative one: it changes
+// this token's choice whenever fewer than top_k kept experts score >= 0.
+constexpr float kColdLogit = -4.0f;
+constexpr double kColdSigmoid = 0.01798620996209156;  // 1 / (1 + e^4), a constant: no libm here
 void plant_cold_token(const MoeConfig& c, float* row, const std::vector<float>& bias) {
   const int64_t E = c.num_experts, per = E / c.n_group;
   std::vector<int64_t> anchor(size_t(c.n_group)), positives(size_t(c.n_group), 0);
@@ -133,13 +135,14 @@ void plant_cold_token(const MoeConfig& c, float* row, const std::vector<float>& 
     for (int64_t e = g * per; e < (g + 1) * per; ++e)
       if (bias[size_t(e)] > bias[size_t(best)]) best = e;
     anchor[size_t(g)] = best;
-    for (int64_t e = g * per; e < (g + 1) * per; ++e) positives[size_t(g)] += e != best && bias[size_t(e)] >= 0;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e)
+      positives[size_t(g)] += e != best && kColdSigmoid + double(bias[size_t(e)]) >= 0;
   }
   std::vector<int64_t> groups(size_t(c.n_group));
   for (int64_t g = 0; g < c.n_group; ++g) groups[size_t(g)] = g;
   std::stable_sort(groups.begin(), groups.end(),
                    [&](int64_t a, int64_t b) { return positives[size_t(a)] < positives[size_t(b)]; });
-  std::fill_n(row, E, -20.0f);
+  std::fill_n(row, E, kColdLogit);
   for (int64_t i = 0; i < c.topk_group; ++i) row[anchor[size_t(groups[size_t(i)])]] = 8.0f;
 }
 
