@@ -110,13 +110,15 @@ double scale_allowance(const MoeConfig& c, const BudgetModel& m) {
   return u_w + acc + slack;
 }
 
-// The statistics one output is judged by: bias and energy per expert, one scale test per token.
+// The statistics one output is judged by: bias and energy per expert, one scale test per token,
+// the whole-output scale test (and the re-quantization test when it runs: aggregate_z).
 double aggregate_tests_count(const MoeProblem& p, size_t experts) {
   return 2.0 * double(experts) + double(p.tokens) + 1.0;
 }
 
 double aggregate_z(const MoeProblem& p, size_t experts, const CompareOptions& opt) {
-  return opt.z > 0 ? opt.z : noise_z(aggregate_tests_count(p, experts), kFalseAlarmPerOutput);
+  const double tests = aggregate_tests_count(p, experts) + (opt.requant_test ? 1.0 : 0.0);
+  return opt.z > 0 ? opt.z : noise_z(tests, kFalseAlarmPerOutput);
 }
 
 // Bernstein's inequality for X_i = d_i^2 in [0, b_i^2] (b the worst-case budget: a correct

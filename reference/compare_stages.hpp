@@ -35,6 +35,9 @@ struct JudgedReference {
   // the device rounds its output (bf16_of_f32; BUDGETS.md §10.3)
   std::vector<double> center;
   std::vector<double> flip_projection;            // [T, k], or empty when the reference has none
+  // The re-quantization test's terms (ForwardResult::requant_*), or empty when the reference has none.
+  std::vector<double> requant_direction;           // [T, H]
+  std::vector<double> requant_var, requant_mean, requant_mean_bound;  // [T]
   std::vector<int32_t> ids;                       // [T, k]
   std::vector<double> weights;                    // [T, k]
 };
@@ -84,6 +87,10 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
 // Fills R.token_scale: each token's output fitted as (1 + beta_t) times the reference's.
 void token_scale_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const CompareOptions& opt,
                        CompareResult& R);
+
+// Fills R.requant (BUDGETS.md §10.7).
+void requant_test(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const CompareOptions& opt,
+                  CompareResult& R);
 
 // Fills R.power (BUDGETS.md §10.6); after token_scale_tests.
 void judge_power(const JudgedReference& J, const CompareOptions& opt, CompareResult& R);

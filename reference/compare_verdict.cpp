@@ -1,7 +1,8 @@
 // Stage "verdict" of compare_output (compare_stages.hpp): the experts ordered worst first and the
 // output's checks counted. Per output: 3 checks per expert (elementwise, bias, energy), one for
 // routing (a mismatch that is not an accepted near-tie), one for token-local failures, one for
-// the per-token scale tests, one for the whole-output scale test. A vacuous output (judge_power) does not pass unless
+// the per-token scale tests, one for the whole-output scale test, and one for the re-quantization
+// test when it ran. A vacuous output (judge_power) does not pass unless
 // CompareOptions::allow_vacuous, whatever its checks.
 #include <algorithm>
 #include <cmath>
@@ -21,12 +22,13 @@ void give_verdict(const MoeProblem& p, const CompareOptions& opt, CompareResult&
     if (a.pass != b.pass) return !a.pass;
     return severity(a) > severity(b);
   });
-  R.checks = 3 * static_cast<int64_t>(R.experts.size()) + 4;
+  R.checks = 3 * static_cast<int64_t>(R.experts.size()) + 4 + (R.requant.fitted ? 1 : 0);
   for (const auto& v : R.experts) R.checks_failed += (v.blamed || !(v.max_ratio <= 1.0)) + !v.bias_ok + !v.energy_ok;
   R.checks_failed += !R.mismatched.empty();
   R.checks_failed += !R.failing_tokens_unexplained.empty();
   R.checks_failed += std::any_of(R.token_scale.begin(), R.token_scale.end(), [](const TokenScale& t) { return !t.ok; });
   R.checks_failed += !R.output_scale.ok;
+  R.checks_failed += !R.requant.ok;
   R.pass = R.checks_failed == 0 && (!R.power.vacuous || opt.allow_vacuous);
 }
 

@@ -33,6 +33,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
   const compare::Attribution A = compare::attribute_failures(p, J, X, R);
   compare::aggregate_tests(p, J, obs, X, A, opt, R);
   compare::token_scale_tests(p, J, obs, opt, R);
+  compare::requant_test(p, J, obs, opt, R);
   compare::judge_power(J, opt, R);
   compare::give_verdict(p, opt, R);
   R.metrics = familiar_metrics(J.output, obs.output);

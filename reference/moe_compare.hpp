@@ -38,6 +38,9 @@ struct CompareOptions {
   // (1 + s) with |s| this large: at 1, zeroed (BUDGETS.md §10.6).
   double vacuous_scale = 1.0;
   bool allow_vacuous = false;  // a vacuous output without failed checks counts as passing (still labelled vacuous)
+  // Run the re-quantization test (BUDGETS.md §10.7); the reference must then carry its terms
+  // (ForwardOptions::requant_terms), else the test reports "not fitted".
+  bool requant_test = false;
 };
 
 struct ExpertVerdict {
@@ -77,6 +80,17 @@ struct TokenScale {
   bool ok = true;
 };
 
+// The re-quantization test (BUDGETS.md §10.7): the whole output's deviation d (observation minus
+// the reference as the device rounds it) fitted along r, the direction in which a skipped
+// re-quantization of the intermediate moves it: beta = <d, r> / <r, r> (skipped: beta = -1).
+struct RequantTest {
+  double beta = 0, se = 0;
+  double allow = 0;       // |mean of beta| a correct device may have (its crossings' mean, its scale)
+  double detectable = 0;  // allow + z se: the smallest |beta| the test flags
+  bool ok = true;
+  bool fitted = false;    // false when the reference has no direction (no model, or r = 0)
+};
+
 // What the judgement of one output could have seen, at its false-alarm level (BUDGETS.md §10.6).
 // NaN where nothing was fitted (no expert with data, no token with a nonzero row).
 struct Power {
@@ -110,6 +124,7 @@ struct CompareResult {
   std::vector<int64_t> failing_tokens_unexplained;
   std::vector<TokenScale> token_scale;         // [T]
   TokenScale output_scale;                     // the same fit over the whole output (token -1)
+  RequantTest requant;
   double aggregate_z = 0;                      // sigma multiple of the aggregate tests
   std::vector<ExpertVerdict> experts;          // sorted worst first
   FamiliarMetrics metrics;

@@ -20,6 +20,7 @@
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_combine.hpp"
 #include "reference/noise_model.hpp"
+#include "reference/requant_projection.hpp"
 #include "reference/truncation_bound.hpp"
 #include "reference/weight_panel.hpp"
 
@@ -117,8 +118,13 @@ struct PanelExtras {
   // the float32 buffers sq_buf.
   AbsProduct sq{};
   SquaresBuffers* sq_buf = nullptr;
+  // lin: out = in * W^T in float32 through lin_buf (the re-quantization direction, §10.7: a test
+  // direction needs a few digits, as a variance does).
+  AbsProduct lin{};
+  SquaresBuffers* lin_buf = nullptr;
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
   void add_sq(const RowMat* in, RowMat* out, SquaresBuffers* buf) { sq = {in, out}, sq_buf = buf; }
+  void add_lin(const RowMat* in, RowMat* out, SquaresBuffers* buf) { lin = {in, out}, lin_buf = buf; }
 };
 
 // out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
@@ -141,13 +147,23 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   if (ex.trunc && ex.trunc->var) ex.trunc->var->resize(a.rows(), N);
   using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-  if (ex.sq.in) {
-    ex.sq.out->resize(ex.sq.in->rows(), N);
-    ex.sq_buf->panel.resize(panel.size());
-    ex.sq_buf->in.resize(size_t(ex.sq.in->size()));
-    ex.sq_buf->out.resize(size_t(ex.sq.in->rows() * kPanelRows));
-    Eigen::Map<RowMatF>(ex.sq_buf->in.data(), ex.sq.in->rows(), K) = ex.sq.in->cast<float>();
-  }
+  // The float32 products: the input converted once, the panel per panel, the output widened.
+  auto prepare_f32 = [&](const AbsProduct& x, SquaresBuffers* b) {
+    if (!x.in) return;
+    x.out->resize(x.in->rows(), N);
+    b->panel.resize(panel.size());
+    b->in.resize(size_t(x.in->size()));
+    b->out.resize(size_t(x.in->rows() * kPanelRows));
+    Eigen::Map<RowMatF>(b->in.data(), x.in->rows(), K) = x.in->cast<float>();
+  };
+  auto product_f32 = [&](const AbsProduct& x, SquaresBuffers* b, int64_t r0, int64_t nr) {
+    Eigen::Map<RowMatF> o(b->out.data(), x.in->rows(), nr);
+    o.noalias() = Eigen::Map<const RowMatF>(b->in.data(), x.in->rows(), K) *
+                  Eigen::Map<const RowMatF>(b->panel.data(), nr, K).transpose();
+    x.out->middleCols(r0, nr) = o.cast<double>();
+  };
+  prepare_f32(ex.sq, ex.sq_buf);
+  prepare_f32(ex.lin, ex.lin_buf);
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
   // unless the pass declines.
@@ -165,11 +181,12 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.sq.in) {
-      Eigen::Map<RowMatF> w2(ex.sq_buf->panel.data(), nr, K);
-      w2 = w.array().square().cast<float>().matrix();
-      Eigen::Map<RowMatF> o(ex.sq_buf->out.data(), ex.sq.in->rows(), nr);
-      o.noalias() = Eigen::Map<const RowMatF>(ex.sq_buf->in.data(), ex.sq.in->rows(), K) * w2.transpose();
-      ex.sq.out->middleCols(r0, nr) = o.cast<double>();
+      Eigen::Map<RowMatF>(ex.sq_buf->panel.data(), nr, K) = w.array().square().cast<float>().matrix();
+      product_f32(ex.sq, ex.sq_buf, r0, nr);
+    }
+    if (ex.lin.in) {
+      Eigen::Map<RowMatF>(ex.lin_buf->panel.data(), nr, K) = w.cast<float>();
+      product_f32(ex.lin, ex.lin_buf, r0, nr);
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
     if (sparse_back)
@@ -226,6 +243,8 @@ struct Scratch {
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
   std::vector<double> panel, lut, abs_panel, tscratch;
   SquaresBuffers sq_buf;  // noise model: the squares products in float32
+  RowMat hq, rq, hmean, hmb;  // re-quantization test (§10.7): h_deq - h [n, I], its GEMM2 [n, H], E of h's deviation and a bound
+  SquaresBuffers lin_buf;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -288,6 +307,7 @@ struct BudgetCtx {
   bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
   double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
   double* slot_var = nullptr;                     // [chunk T * k * H] noise model per slot (BUDGETS.md §10.2)
+  RequantSlots requant;                           // re-quantization test's per-slot terms (§10.7)
 };
 
 // Chunk inputs of the truncation bound for every row of a (deviation rows from dev_of(r)).
@@ -414,6 +434,8 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hcodes.resize(I);
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n);
+  const bool requant = budget && bc.requant.r;
+  if (requant) s.hq.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I);
   if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
@@ -437,7 +459,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // §10.2: the dequantized intermediate's variance, plus the GEMM2 promotion's term c2 |h|.
       double* hv = s.hvar.row(r).data();
       intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
-                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv);
+                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? s.hmean.row(r).data() : nullptr,
+                             requant ? s.hmb.row(r).data() : nullptr);
+      // §10.7: what the re-quantization changed, the direction a skipped one shows up along.
+      if (requant)
+        for (int64_t i = 0; i < I; ++i) s.hq(r, i) = hr[i] - double(s.hrow[i]);
       for (int64_t i = 0; i < I; ++i) hv[i] += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
     }
     if (budget && bc.chunked) {
@@ -473,6 +499,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
       // reaching every output through W2: sum_i W2[o, i]^2 var_i.
       ex.add_sq(&s.hvar, &s.vy, &s.sq_buf);
+      if (requant) ex.add_lin(&s.hq, &s.rq, &s.lin_buf);
     }
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
     TruncationProduct tp{};
@@ -513,6 +540,13 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
         sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
       }
       bc.slot_sys[job.slots[r]] = std::sqrt(sys);
+      const int64_t slot = job.slots[r];
+      if (requant) {
+        for (int64_t i = 0; i < H; ++i) bc.requant.r[slot * H + i] = float(s.rq(r, i));
+        std::copy_n(s.hvar.row(r).data(), I, bc.requant.hvar + slot * I);
+        std::copy_n(s.hmean.row(r).data(), I, bc.requant.hmean + slot * I);
+        std::copy_n(s.hmb.row(r).data(), I, bc.requant.hmean_bound + slot * I);
+      }
     }
     if (bc.ideal) std::copy_n(s.qy.row(r).data(), H, slot_ideal + job.slots[r] * H);
   }
@@ -575,6 +609,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   // carries the engine's own FP8 activations) and the two dot-product constants.
   BudgetCtx bc;
   std::vector<double> act_dev;
+  std::vector<float> requant_r;                  // §10.7 per slot (requant_projection.hpp)
+  std::vector<double> requant_hvar, requant_hmean, requant_hmb;
   if (model) {
     bc.model = model;
     bc.chunked = uses_chunked_truncation(model->acc);
@@ -608,6 +644,12 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     res.slot_budget.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_noise_var.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_flip_projection.assign(static_cast<size_t>(T * k), 0.0);
+  }
+  if (model && opt.requant_terms) {
+    requant_r.assign(static_cast<size_t>(T * k * H), 0.0f);
+    requant_hvar.assign(static_cast<size_t>(T * k * c.intermediate_size), 0.0);
+    requant_hmean.assign(requant_hvar.size(), 0.0);
+    requant_hmb.assign(requant_hvar.size(), 0.0);
   }
 
   bc.ideal = ideal_bound;
@@ -651,6 +693,9 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
     double* slot_ideal = ideal_bound ? slot_ideal_all.data() + t0 * k * H : nullptr;
     if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
+    // With a model the chunk is every token (keep_slots), so slot indices are global.
+    if (model && opt.requant_terms)
+      bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data()};
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {
@@ -718,6 +763,11 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
       CombineOut co{res.output.data() + t * H};
       if (model) co.budget = res.budget.data() + t * H, co.noise_var = res.noise_var.data() + t * H;
       combine_token(c.recipe.combine, terms, H, k, co);
+    }
+    if (model && opt.requant_terms) {
+      std::vector<ExpertSlots> ex;
+      for (const ExpertJob& j : jobs) ex.push_back({j.expert, &j.slots});
+      requant_projections(p, rt, bc.requant, ex, threads, load_mutex, res);
     }
     for (const ExpertJob& j : jobs) {
       const double n = static_cast<double>(j.slots.size());

@@ -89,6 +89,9 @@ struct ForwardOptions {
   // Quantized tier only: also bound |ideal tier - quantized tier| per output element (the
   // recipe's quantization error, reference/BUDGETS.md §8). Implies expert_outputs.
   bool ideal_bound = false;
+  // With budget: also the re-quantization test's terms (BUDGETS.md §10.7; requant_projection.hpp),
+  // at the cost of a float32 GEMM2-sized product per expert and a second pass over W2.
+  bool requant_terms = false;
   // Called after each expert with (experts done, experts to do); may be empty.
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -109,6 +112,11 @@ struct ForwardResult {
   // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output
   // (BUDGETS.md §7).
   std::vector<double> slot_flip_projection;
+  // The re-quantization test (BUDGETS.md §10.7; requant_projection.hpp), with a budget model:
+  // r_t = sum over local slots of w_j W2_j (h_deq - h)_j [T, H], and per token [T] the variance,
+  // the mean and a bound on the mean's unsigned part of the intermediate deviations' share of
+  // <d_t, r_t>.
+  std::vector<double> requant_direction, requant_var, requant_mean, requant_mean_bound;
   // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].
   std::vector<double> ideal_bound;
   int64_t experts_run = 0;              // local experts that received at least one token

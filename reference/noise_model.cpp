@@ -13,18 +13,23 @@ namespace moecheck {
 namespace {
 constexpr double kU32 = 0x1p-24;
 
-// The variance proxy after a rounding that maps the device's v + X to a value on a grid, where
-// the reference's v went to vr: the cell of vr reaches lo below it and hi above it (hi = inf:
-// nothing above rounds elsewhere, saturation), and leaving it moves the result by about a step
-// (step_lo below, step_hi above) plus X itself.
-double cell_crossing_var(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
-  if (!(var > 0)) return 0.0;
+// A rounding that maps the device's v + X to a value on a grid, where the reference's v went to
+// vr: the cell of vr reaches lo below it and hi above it (hi = inf: nothing above rounds
+// elsewhere, saturation), and leaving it moves the result by about a step (step_lo below,
+// step_hi above) plus X itself.
+struct Crossing {
+  double var = 0;   // the variance proxy of the rounded result's deviation
+  double mean = 0;  // E of that deviation: p_hi step_hi - p_lo step_lo
+};
+Crossing cell_crossing(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
+  if (!(var > 0)) return {};
   const double p_lo = crossing_probability(v - (vr - lo), var);
   const double p_hi = std::isinf(hi) ? 0.0 : crossing_probability(vr + hi - v, var);
   const double step = std::max(step_lo, step_hi);
   // Never below var itself: an element whose crossing probability underflows keeps a finite
   // weight in the aggregate fits (and the model stays conservative there).
-  return std::max(std::min(1.0, p_lo + p_hi) * (step * step + var), var);
+  return {std::max(std::min(1.0, p_lo + p_hi) * (step * step + var), var),
+          std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo};
 }
 
 // Steps of a binary grid with `mant` fraction bits and smallest normal exponent emin at r: the
@@ -42,14 +47,17 @@ Steps grid_steps(double r, int mant, int emin) {
   return {at, f == 0.5 && a > std::ldexp(1.0, emin) ? at / 2 : at};
 }
 
-// The crossing variance for a value rounded to nearest on that grid: toward zero the cell
-// reaches half the step below, away from zero half the step at vr (mirrored for negatives).
-double grid_crossing_var(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
+// The crossing for a value rounded to nearest on that grid: toward zero the cell reaches half
+// the step below, away from zero half the step at vr (mirrored for negatives).
+Crossing grid_crossing(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
   const Steps s = grid_steps(vr, mant, emin);
   const double toward0 = s.below, away = s.at;
-  if (vr > 0) return cell_crossing_var(v, vr, var, toward0 / 2, saturate_at_vr ? INFINITY : away / 2, toward0, away);
-  if (vr < 0) return cell_crossing_var(v, vr, var, saturate_at_vr ? INFINITY : away / 2, toward0 / 2, away, toward0);
-  return cell_crossing_var(v, vr, var, s.at / 2, s.at / 2, s.at, s.at);
+  if (vr > 0) return cell_crossing(v, vr, var, toward0 / 2, saturate_at_vr ? INFINITY : away / 2, toward0, away);
+  if (vr < 0) return cell_crossing(v, vr, var, saturate_at_vr ? INFINITY : away / 2, toward0 / 2, away, toward0);
+  return cell_crossing(v, vr, var, s.at / 2, s.at / 2, s.at, s.at);
+}
+double grid_crossing_var(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
+  return grid_crossing(v, vr, var, mant, emin, saturate_at_vr).var;
 }
 
 // d/dg silu(g) = sigma(g) (1 + g (1 - sigma(g))).
@@ -76,7 +84,7 @@ double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * s
 
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
-                            const double* worst_dev, double* var) {
+                            const double* worst_dev, double* var, double* mean, double* mean_bound) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
@@ -107,7 +115,10 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     const double amax = std::fabs(h[jmax]), vamax = vh[size_t(jmax)];
     const bool floored = rule.floor == ActScaleFloor::eps && amax < rule.eps;
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
-      for (int64_t i = g0; i < g0 + n; ++i) var[i] = worst_dev[i] * worst_dev[i];
+      for (int64_t i = g0; i < g0 + n; ++i) {
+        var[i] = worst_dev[i] * worst_dev[i];
+        if (mean) mean[i] = 0, mean_bound[i] = worst_dev[i];
+      }
       continue;
     }
     // Float32 scales: vs, the proxy of the device's scale minus s (continuous). UE8M0 scales:
@@ -129,8 +140,13 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       const double vv = vh[size_t(i)] / (s * s) + v * v * vs / (s * s) + (dw * v) * (dw * v);
       // Codes saturate at +-448: nothing beyond rounds elsewhere.
       const double st = grid_steps(cv, 3, -6).at * s;
-      var[i] = s * s * grid_crossing_var(v, cv, vv, 3, -6, std::fabs(cv) == 448.0) + cv * cv * vs +
-               std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) + std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
+      const Crossing x = grid_crossing(v, cv, vv, 3, -6, std::fabs(cv) == 448.0);
+      var[i] = s * s * x.var + cv * cv * vs + std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) +
+               std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
+      // The mean: the code's crossings, signed (the continuous parts, h's own rounding and the
+      // float32 scale's slack, are taken as centred, A2 of §10.4); the UE8M0 scale's crossings,
+      // whose direction depends on every element of the group, as a bound.
+      if (mean) mean[i] = s * x.mean, mean_bound[i] = std::min(1.0, p_up) * 1.5 * st + std::min(1.0, p_dn) * 0.75 * st;
     }
   }
 }

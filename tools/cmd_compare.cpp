@@ -38,7 +38,7 @@ void register_compare(CLI::App& app) {
   auto* sub = app.add_subcommand("compare", "judge recorded outputs against the float64 reference and its budgets");
   struct Opts {
     std::string path, output, tier = "quantized", json, html, model;
-    bool all = false, quiet = false, allow_vacuous = false;
+    bool all = false, quiet = false, allow_vacuous = false, requant_test = false;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
@@ -52,6 +52,10 @@ void register_compare(CLI::App& app) {
   sub->add_option("--html", o->html, "also write a self-contained HTML page");
   sub->add_flag("--allow-vacuous", o->allow_vacuous,
                 "exit 0 for an output whose checks would not see it zeroed (BUDGETS.md §10.6; still reported VACUOUS)");
+  sub->add_flag("--requant-test", o->requant_test,
+                "also run the re-quantization test (BUDGETS.md §10.7): a skipped re-quantization of the intermediate "
+                "is beta = -1 along a direction the reference computes; costs a second pass over W2 (about 0.6x the "
+                "reference's time on DeepSeek-V3 at T = 64)");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
@@ -90,7 +94,7 @@ void register_compare(CLI::App& app) {
         fi.tier = Tier::ideal;
         ref = as_ideal(moe_forward(cp.problem(), fq), moe_forward(cp.problem(), fi).output);
       } else {
-        ref = quantized_reference(cp, hash, model_name, !o->quiet, &reused);
+        ref = quantized_reference(cp, hash, model_name, !o->quiet, &reused, o->requant_test);
       }
       ref_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tr).count();
       if (!o->quiet)
@@ -99,6 +103,7 @@ void register_compare(CLI::App& app) {
       CompareOptions copt;
       copt.model = parse_budget_model(model_name);
       copt.allow_vacuous = o->allow_vacuous;
+      copt.requant_test = o->requant_test;
       models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
       for (size_t i : idx) {
         Observation obs = observation_of(outputs[i].name, r.read_output(outputs[i].name));

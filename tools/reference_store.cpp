@@ -24,8 +24,9 @@ CLI::Validator budget_model_validator() {
 }
 
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
-                                bool progress) {
+                                bool progress, bool requant_terms) {
   ForwardOptions opt;
+  opt.requant_terms = requant_terms;
   opt.tier = tier;
   opt.expert_outputs = expert_outputs;
   opt.budget = model;
@@ -72,9 +73,10 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
 }
 
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
-                                  bool progress, bool* reused) {
+                                  bool progress, bool* reused, bool requant_terms) {
   *reused = false;
   const BudgetModel model = parse_budget_model(model_name);
+  if (requant_terms) return compute_reference(cp, Tier::quantized, &model, true, progress, true);
   if (auto stored = cp.reader().read_reference("quantized")) {
     const auto it = stored->attributes.find("budget_model");
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;

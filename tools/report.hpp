@@ -68,7 +68,7 @@ std::string verdict_word(const CompareResult& r);
 // What the judgement could have seen (CompareResult::power), one line: the smallest detectable
 // scale errors, the single-token threshold, the share of elements with budget > |reference|.
 std::string power_line(const CompareResult& r);
-std::vector<std::string> power_lines(const CompareResult& r);  // the same, its three parts
+std::vector<std::string> power_lines(const CompareResult& r);  // the same, its parts
 
 // "N of M checks exceeded their budget" (and ", K outputs vacuous" when some are): the closing
 // line of every report.

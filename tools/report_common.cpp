@@ -65,7 +65,11 @@ std::vector<std::string> power_lines(const CompareResult& r) {
                       num(p.token_rel_l2_median)),
           fmt::format("noise limit (z = {:.2f}) > |reference| on {:.1f}% of elements, worst-case budget on {:.1f}%{}",
                       r.aggregate_z, 100 * p.noise_over_magnitude, 100 * p.over_magnitude,
-                      p.vacuous ? "; VACUOUS: the checks would not see this output zeroed" : "")};
+                      p.vacuous ? "; VACUOUS: the checks would not see this output zeroed" : ""),
+          r.requant.fitted
+              ? fmt::format("re-quantization test: beta {} along the intermediate's re-quantization (skipped: -1), "
+                            "detectable above {}", num(r.requant.beta), num(r.requant.detectable))
+              : std::string("re-quantization test: not run (compare --requant-test)")};
 }
 
 std::string power_line(const CompareResult& r) {

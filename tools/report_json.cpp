@@ -97,6 +97,9 @@ Json output_json(const CompareResult& r) {
   o["token_scale_failures"] = std::move(scale);
   o["output_scale"] = {{"beta", real(r.output_scale.beta)}, {"se", real(r.output_scale.se)},
                        {"detectable", real(r.output_scale.detectable)}, {"ok", r.output_scale.ok}};
+  o["requant"] = {{"beta", real(r.requant.beta)},   {"se", real(r.requant.se)},
+                  {"allow", real(r.requant.allow)}, {"detectable", real(r.requant.detectable)},
+                  {"ok", r.requant.ok},             {"fitted", r.requant.fitted}};
   o["power"] = {{"scale_error", real(r.power.scale_output)},
                 {"scale_error_any_expert", real(r.power.scale_any_expert)},
                 {"token_scale_error", real(r.power.token_scale)},

@@ -149,6 +149,10 @@ void write_token_scale(std::ostream& os, const CompareResult& r, const TextOptio
   if (!r.output_scale.ok)
     os << fmt::format("  whole-output scale test fails: beta {} +- {} (detectable above {})\n", num(r.output_scale.beta),
                       num(r.output_scale.se), num(r.output_scale.detectable));
+  if (!r.requant.ok)
+    os << fmt::format("  re-quantization test fails: beta {} +- {} along the intermediate's re-quantization "
+                      "(skipped: -1; detectable above {})\n",
+                      num(r.requant.beta), num(r.requant.se), num(r.requant.detectable));
   std::vector<const TokenScale*> bad;
   for (const TokenScale& t : r.token_scale)
     if (!t.ok) bad.push_back(&t);

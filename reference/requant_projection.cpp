@@ -1,0 +1,123 @@
+// The re-quantization test's reference terms (requant_projection.hpp; BUDGETS.md §10.7).
+#include "reference/requant_projection.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <thread>
+
+#include "reference/weight_panel.hpp"
+
+namespace moecheck {
+
+namespace {
+
+using RowMatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+constexpr int64_t kRows = 32;  // weight rows dequantized at a time (within one block row)
+
+// r_t = sum over local slots of w_j r_j, in slot order.
+void combine_directions(const MoeConfig& c, const Routing& rt, const float* r, int64_t T, std::vector<double>& out) {
+  const int64_t H = c.hidden_size, k = c.top_k;
+  out.assign(static_cast<size_t>(T * H), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      if (!c.is_local(rt.ids[t * k + j])) continue;
+      const double w = rt.weights[t * k + j];
+      const float* rj = r + (t * k + j) * H;
+      double* o = out.data() + t * H;
+      for (int64_t i = 0; i < H; ++i) o[i] += w * double(rj[i]);
+    }
+}
+
+// For one expert: G [n, I] = R W2 with R the rows r_t of its slots' tokens (in double, straight
+// from the dequantized panels: with a few rows per expert the product is bound by the panels'
+// decoding, not by its arithmetic), then each slot's variance and mean terms.
+struct Workspace {
+  RowMatD R, G;
+  std::vector<double> panel, lut;
+};
+void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& in, const std::vector<double>& dir,
+                    const ExpertView& w, const std::vector<int64_t>& slots, Workspace& ws, double* slot_var,
+                    double* slot_mean, double* slot_bound) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, k = c.top_k;
+  const int64_t n = static_cast<int64_t>(slots.size());
+  ws.R.resize(n, H);
+  for (int64_t r = 0; r < n; ++r)
+    std::copy_n(dir.data() + (slots[size_t(r)] / k) * H, H, ws.R.row(r).data());
+  ws.G.setZero(n, I);
+  ws.panel.resize(size_t(kRows * I));
+  for (int64_t r0 = 0; r0 < H;) {
+    const int64_t nr = std::min({kRows, H - r0, (r0 / B + 1) * B - r0});
+    dequant_panel(w.w2, w.w2_scale, I, B, r0, nr, {ws.panel.data()}, ws.lut);
+    ws.G.noalias() += ws.R.middleCols(r0, nr) * Eigen::Map<const RowMatD>(ws.panel.data(), nr, I);
+    r0 += nr;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t slot = slots[size_t(r)];
+    const double wj = rt.weights[slot];
+    const double* hv = in.hvar + slot * I;
+    const double* hm = in.hmean + slot * I;
+    const double* hb = in.hmean_bound + slot * I;
+    double v = 0, m = 0, b = 0;
+    for (int64_t i = 0; i < I; ++i) {
+      const double g = ws.G(r, i);
+      v += hv[i] * g * g;
+      m += hm[i] * g;
+      b += hb[i] * std::fabs(g);
+    }
+    slot_var[slot] = wj * wj * v;
+    slot_mean[slot] = wj * m;
+    slot_bound[slot] = std::fabs(wj) * b;
+  }
+}
+
+}  // namespace
+
+void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSlots& in,
+                         const std::vector<ExpertSlots>& experts, int threads, std::mutex& load_mutex,
+                         ForwardResult& res) {
+  const MoeConfig& c = p.config;
+  const int64_t T = p.tokens, k = c.top_k;
+  combine_directions(c, rt, in.r, T, res.requant_direction);
+  std::vector<double> slot_var(static_cast<size_t>(T * k), 0.0), slot_mean(slot_var.size(), 0.0);
+  std::vector<double> slot_bound(slot_var.size(), 0.0);
+  std::atomic<size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto worker = [&] {
+    Workspace ws;
+    for (size_t i; (i = next.fetch_add(1)) < experts.size();) {
+      try {
+        ExpertView w;
+        {
+          std::lock_guard<std::mutex> lock(load_mutex);
+          w = p.load_expert(experts[i].expert);
+        }
+        project_expert(c, rt, in, res.requant_direction, w, *experts[i].slots, ws, slot_var.data(), slot_mean.data(),
+                       slot_bound.data());
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = experts.size();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const int n = static_cast<int>(std::min<size_t>(size_t(std::max(threads, 1)), std::max<size_t>(experts.size(), 1)));
+  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  if (failure) std::rethrow_exception(failure);
+  res.requant_var.assign(static_cast<size_t>(T), 0.0);
+  res.requant_mean.assign(static_cast<size_t>(T), 0.0);
+  res.requant_mean_bound.assign(static_cast<size_t>(T), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t s = t * k + j;
+      res.requant_var[t] += slot_var[s], res.requant_mean[t] += slot_mean[s], res.requant_mean_bound[t] += slot_bound[s];
+    }
+}
+
+}  // namespace moecheck
