@@ -3,12 +3,13 @@
 correct and with each mutant of its MUTANTS, captured with tools/capture and judged by
 `moecheck compare` with the default model for an engine output (none named: `hopper`).
 
-usage: triton_moe_test.py --moecheck CMD [--tokens 64,16] [--seeds 1,2,3,4] [--out DIR]
+usage: triton_moe_test.py --moecheck CMD [--tokens 64,16] [--seeds 1,2,3,4] [--out DIR] [--requant-test]
 
   CMD        the moecheck command (split like a shell line: ".gpu-bundle/run bin/moecheck")
   --tokens   T of each case (make-case --preset small-deepseek --recipe sglang --tokens T)
   --seeds    the make-case seeds
   --out      where the cases and JSON reports are kept (default: a temporary folder, removed)
+  --requant-test  also run compare's re-quantization test (BUDGETS.md §10.7); its beta is printed
 
 Expected, per case: the correct output passes (not FAIL, not VACUOUS); every mutant that changes
 the output fails (w2_scale_doubled with its expert first in the report's experts); a mutant that
@@ -79,8 +80,9 @@ def load_layer(path, device):
     return attrs, arr, layer
 
 
-def judge(cmd, case, name, json_path):
-    rc, log = run(cmd, "compare", case, "--output", name, "--json", json_path, "-q")
+def judge(cmd, case, name, json_path, requant_test):
+    rc, log = run(cmd, "compare", case, "--output", name, "--json", json_path, "-q",
+                  *(["--requant-test"] if requant_test else []))
     if rc not in (0, 1):
         raise RuntimeError(f"moecheck compare {case} --output {name}: exit {rc}\n{log}")
     rep = json.loads(Path(json_path).read_text())["outputs"][0]
@@ -97,11 +99,14 @@ def summary(rep):
         failed.append(f"output scale {float(rep['output_scale']['beta']):+.4f}")
     if not rep["routing"].get("ok", True):
         failed.append("routing")
+    q = rep.get("requant", {})
+    if q.get("fitted"):
+        failed.append(f"requant beta {float(q['beta']):+.3f} (detectable {float(q['detectable']):.2f})")
     return (f"{rep['status']:7s} max_ratio {float(rep['max_ratio']):9.3g}  cos_diff "
             f"{float(rep['metrics']['cos_diff']):9.2e}  " + ", ".join(failed))
 
 
-def check_case(cmd, T, seed, work, results):
+def check_case(cmd, T, seed, work, results, requant_test=False):
     import torch
     import moecheck_capture as mc
     import fp8_moe
@@ -139,7 +144,7 @@ def check_case(cmd, T, seed, work, results):
         if not changed[name]:
             results.append((T, seed, name, "not triggered", True, "output bit-identical to the correct one"))
             continue
-        rc, rep = judge(cmd, case, name, work / f"triton-T{T}-s{seed}-{name}.json")
+        rc, rep = judge(cmd, case, name, work / f"triton-T{T}-s{seed}-{name}.json", requant_test)
         line = summary(rep)
         if name == "correct":
             ok = rep["status"] == "pass"
@@ -162,6 +167,7 @@ def main():
     ap.add_argument("--tokens", default="64,16")
     ap.add_argument("--seeds", default="1,2,3,4")
     ap.add_argument("--out")
+    ap.add_argument("--requant-test", action="store_true", help="also run compare's re-quantization test (reported)")
     a = ap.parse_args()
     reason = skip_reason()
     if reason:
@@ -176,7 +182,7 @@ def main():
     results, t0 = [], time.time()
     for T in tokens:
         for seed in seeds:
-            check_case(cmd, T, seed, work, results)
+            check_case(cmd, T, seed, work, results, a.requant_test)
             print(f"T={T} seed={seed}: judged ({time.time() - t0:.0f} s)", flush=True)
     bad = [r for r in results if not r[4]]
     triggered = {r[2] for r in results if r[3] != "not triggered"}
