@@ -4,7 +4,9 @@
 //   DeepGEMM  calc_diff (cosine diff) < 1e-3       SGLang  mean|d| / mean|ref| < 0.02
 //   vLLM      every element within atol = rtol = 0.035   ggml  NMSE < 5e-3
 // "missed" = that check passes the faulty output. Two sources of evidence per fault: its minimal
-// case in golden/bugs/<fault>.h5 (run again here, with the recorded int32_threshold), and the
+// case in golden/bugs/<fault>.h5 (run again here, with the recorded int32_threshold; and once
+// more as faulty:<fault>@hopper, the Hopper emulation judged with the default model of an FP8
+// tensor-core output, `hopper`: what a user's engine output gets), and the
 // first N cases of the gate's sweep (seed S), on which the fault is run and judged; there the
 // columns count, among the cases moecheck caught, those each familiar check passed. The correct
 // backend (emulated) heads the table: moecheck must flag it on no case.
@@ -78,6 +80,19 @@ std::string short_named(const CompareResult& r) {
 
 const char* miss(bool familiar_pass) { return familiar_pass ? "**missed**" : "caught"; }
 
+// The bug case judged as an FP8 tensor-core output: faulty:<fault>@hopper, default model hopper.
+std::string under_hopper(const std::string& file, const std::string& backend, int64_t thr) {
+  CheckOptions k;
+  k.backend = backend + "@hopper";
+  k.int32_threshold = thr;
+  const CheckOutcome out = check_case(file, k);
+  if (out.status == CheckStatus::input_error) throw InputError(file, "", out.reason);
+  if (out.results.empty()) return "caught: the backend threw";
+  const CompareResult& r = out.results.front();
+  if (r.checks_failed == 0 && r.power.vacuous) return "VACUOUS";
+  return r.pass ? "**missed**" : "caught";
+}
+
 }  // namespace
 
 void register_faults(CLI::App& app) {
@@ -137,13 +152,13 @@ void register_faults(CLI::App& app) {
 
     bool ok = sweep[0].caught == 0;
     std::cout << fmt::format(
-        "| backend | golden/bugs case: moecheck | DeepGEMM cos-diff < 1e-3 | SGLang mean-rel < 0.02 | vLLM atol=rtol=0.035 | "
-        "NMSE < 5e-3 | sweep (seed {}): caught / cases | missed by DeepGEMM / SGLang / vLLM / NMSE |\n",
+        "| backend | golden/bugs case: moecheck | the same @hopper | DeepGEMM cos-diff < 1e-3 | SGLang mean-rel < 0.02 | "
+        "vLLM atol=rtol=0.035 | NMSE < 5e-3 | sweep (seed {}): caught / cases | missed by DeepGEMM / SGLang / vLLM / NMSE |\n",
         o->seed);
-    std::cout << "|---|---|---|---|---|---|---:|---|\n";
+    std::cout << "|---|---|---|---|---|---|---|---:|---|\n";
     for (size_t b = 0; b < backends.size(); ++b) {
       const std::string& be = backends[b];
-      std::string bug = "-", cols[4] = {"-", "-", "-", "-"};
+      std::string bug = "-", hopper = "-", cols[4] = {"-", "-", "-", "-"};
       const std::string file = (fs::path(bugs) / (be.substr(be.find(':') + 1) + ".h5")).string();
       if (b > 0 && fs::exists(file)) {
         int64_t thr = 0;
@@ -166,6 +181,7 @@ void register_faults(CLI::App& app) {
         } else {
           bug = "caught: the backend threw";
         }
+        hopper = under_hopper(file, be, thr);
       } else if (b > 0) {
         bug = "(no bug case)";
       }
@@ -175,11 +191,14 @@ void register_faults(CLI::App& app) {
       if (o->cases > 0)
         mi = b == 0 ? fmt::format("false alarms: {} / {} / {} / {}", t.flagged[0], t.flagged[1], t.flagged[2], t.flagged[3])
                     : fmt::format("{} / {} / {} / {}", t.missed[0], t.missed[1], t.missed[2], t.missed[3]);
-      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", b == 0 ? "emulated (correct)" : "`" + be + "`",
-                               b == 0 ? "-" : bug, cols[0], cols[1], cols[2], cols[3], sw, mi);
+      std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                               b == 0 ? "emulated (correct)" : "`" + be + "`", b == 0 ? "-" : bug, hopper, cols[0], cols[1],
+                               cols[2], cols[3], sw, mi);
     }
-    std::cout << "\n\"missed\": the familiar check passes the faulty output. Sweep columns: of the cases moecheck caught, "
-                 "how many each familiar check passed (emulated row: how many correct outputs each check flagged).\n";
+    std::cout << "\n\"missed\": the familiar check passes the faulty output. \"@hopper\": the bug case run as "
+                 "faulty:<fault>@hopper and judged with the default model of an FP8 tensor-core output (not part of the "
+                 "exit status). Sweep columns: of the cases moecheck caught, how many each familiar check passed "
+                 "(emulated row: how many correct outputs each check flagged).\n";
     return ok ? kExitOk : kExitCheckFailed;
   });
 }
