@@ -20,6 +20,7 @@
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_combine.hpp"
 #include "reference/noise_model.hpp"
+#include "reference/parallel_jobs.hpp"
 #include "reference/requant_projection.hpp"
 #include "reference/truncation_bound.hpp"
 #include "reference/weight_panel.hpp"
@@ -703,38 +704,20 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
       slots = chunk_slots.data();
     }
 
-    std::atomic<size_t> next{0};
     std::atomic<int64_t> done{0};
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
-    auto worker = [&] {
-      Scratch s;
-      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
-        try {
-          ExpertView w;
-          {
-            std::lock_guard<std::mutex> lock(load_mutex);
-            w = p.load_expert(jobs[i].expert);
-          }
-          run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, s);
-          const int64_t d = ++done;
-          if (opt.progress) {
-            std::lock_guard<std::mutex> lock(load_mutex);
-            opt.progress(d, static_cast<int64_t>(jobs.size()));
-          }
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(failure_mutex);
-          if (!failure) failure = std::current_exception();
-          next = jobs.size();
-        }
+    parallel_jobs<Scratch>(jobs.size(), threads, [&](size_t i, Scratch& s) {
+      ExpertView w;
+      {
+        std::lock_guard<std::mutex> lock(load_mutex);
+        w = p.load_expert(jobs[i].expert);
       }
-    };
-    std::vector<std::thread> pool;
-    const int nthreads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(jobs.size(), 1)));
-    for (int i = 1; i < nthreads; ++i) pool.emplace_back(worker);
-    worker();
-    for (auto& th : pool) th.join();
-    if (failure) std::rethrow_exception(failure);
+      run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, s);
+      const int64_t d = ++done;
+      if (opt.progress) {
+        std::lock_guard<std::mutex> lock(load_mutex);
+        opt.progress(d, static_cast<int64_t>(jobs.size()));
+      }
+    });
 
     // Combine under the case's combine recipe (moe_combine.hpp; BUDGETS.md §5, §9.1-9.2).
     // Non-local slots hold 0 and are left out.

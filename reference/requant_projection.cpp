@@ -3,11 +3,9 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <thread>
 
+#include "reference/parallel_jobs.hpp"
 #include "reference/weight_panel.hpp"
 
 namespace moecheck {
@@ -83,33 +81,15 @@ void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSl
   combine_directions(c, rt, in.r, T, res.requant_direction);
   std::vector<double> slot_var(static_cast<size_t>(T * k), 0.0), slot_mean(slot_var.size(), 0.0);
   std::vector<double> slot_bound(slot_var.size(), 0.0);
-  std::atomic<size_t> next{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto worker = [&] {
-    Workspace ws;
-    for (size_t i; (i = next.fetch_add(1)) < experts.size();) {
-      try {
-        ExpertView w;
-        {
-          std::lock_guard<std::mutex> lock(load_mutex);
-          w = p.load_expert(experts[i].expert);
-        }
-        project_expert(c, rt, in, res.requant_direction, w, *experts[i].slots, ws, slot_var.data(), slot_mean.data(),
-                       slot_bound.data());
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-        next = experts.size();
-      }
+  parallel_jobs<Workspace>(experts.size(), threads, [&](size_t i, Workspace& ws) {
+    ExpertView w;
+    {
+      std::lock_guard<std::mutex> lock(load_mutex);
+      w = p.load_expert(experts[i].expert);
     }
-  };
-  std::vector<std::thread> pool;
-  const int n = static_cast<int>(std::min<size_t>(size_t(std::max(threads, 1)), std::max<size_t>(experts.size(), 1)));
-  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-  if (failure) std::rethrow_exception(failure);
+    project_expert(c, rt, in, res.requant_direction, w, *experts[i].slots, ws, slot_var.data(), slot_mean.data(),
+                   slot_bound.data());
+  });
   res.requant_var.assign(static_cast<size_t>(T), 0.0);
   res.requant_mean.assign(static_cast<size_t>(T), 0.0);
   res.requant_mean_bound.assign(static_cast<size_t>(T), 0.0);
