@@ -12,6 +12,10 @@ namespace moecheck::compare {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// min / max where NaN means "nothing yet".
+double nan_min(double a, double b) { return std::isnan(a) ? b : std::min(a, b); }
+double nan_max(double a, double b) { return std::isnan(a) ? b : std::max(a, b); }
+
 // The largest and the median of xs (NaN, NaN when empty).
 std::pair<double, double> max_and_median(std::vector<double> xs) {
   if (xs.empty()) return {kNaN, kNaN};
@@ -28,14 +32,11 @@ void judge_power(const JudgedReference& J, const CompareOptions& opt, CompareRes
   P.scale_output = P.scale_any_expert = kNaN;
   for (const ExpertVerdict& v : R.experts) {
     if (!(v.beta_detectable > 0)) continue;  // nothing fitted: no data, no power
-    const double s = v.beta_detectable;
-    P.scale_output = std::isnan(P.scale_output) ? s : std::min(P.scale_output, s);
-    P.scale_any_expert = std::isnan(P.scale_any_expert) ? s : std::max(P.scale_any_expert, s);
+    P.scale_output = nan_min(P.scale_output, v.beta_detectable);
+    P.scale_any_expert = nan_max(P.scale_any_expert, v.beta_detectable);
   }
   // The whole-output scale test sees a constant factor on the output directly.
-  if (R.output_scale.detectable > 0)
-    P.scale_output = std::isnan(P.scale_output) ? R.output_scale.detectable
-                                                : std::min(P.scale_output, R.output_scale.detectable);
+  if (R.output_scale.detectable > 0) P.scale_output = nan_min(P.scale_output, R.output_scale.detectable);
   // Per-token scale test: a row scaled by (1 + s) moves beta_t by s.
   std::vector<double> tok;
   for (const TokenScale& t : R.token_scale)
