@@ -240,5 +240,27 @@ TEST(Gate, BadInputExitsTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
+// Counts, indices, thresholds and seeds out of range are refused before any work, naming the
+// option (a negative count once printed "gate: PASS (0 of 0 cases failed)"; a seed of -1 became
+// 2^64 - 1).
+TEST(Cli, OutOfRangeNumbersExitTwoNamingTheOption) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"gate", "--cases", "-5", "--no-golden"}, "--cases"},
+      {{"gate", "--cases", "0", "--no-golden"}, "--cases"},
+      {{"gate", "--time", "0", "--no-golden"}, "--time"},
+      {{"gate", "--case", "-1"}, "--case"},
+      {{"gate", "--cases", "1", "--seed", "-1", "--no-golden"}, "--seed"},
+      {{"gate", "--cases", "1", "--max-failures", "0", "--no-golden"}, "--max-failures"},
+      {{"faults", "--cases", "-1"}, "--cases"},
+      {{"make-case", "--preset", "tiny-qwen", "--tokens", "2", "--seed", "-1", "-o", "/tmp/moecheck-never.h5"}, "--seed"},
+      {{"run", "/nonexistent.h5", "--backend", "emulated", "--int32-threshold", "-5"}, "--int32-threshold"},
+  };
+  for (const auto& [args, option] : bad) {
+    const auto r = moecheck(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << " " << option << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(option), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace moecheck

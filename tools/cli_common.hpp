@@ -9,7 +9,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 
 namespace moecheck::cli {
@@ -23,6 +25,20 @@ void set_runner(CLI::App* sub, std::function<int()> run);
 
 // "moecheck: error: <message>" on stderr.
 void print_error(const std::string& message);
+
+// Option checks shared by the subcommands (a bad value exits 2 naming the option):
+// a seed is an unsigned 64-bit decimal (CLI11 alone would wrap "-1" to 2^64 - 1);
+inline CLI::Validator seed_text() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "must be an unsigned decimal integer (0 .. 2^64-1), got '" + s + "'";
+        return "";
+      },
+      "UINT64");
+}
+// counts and indices: at least `lo`.
+inline CLI::Validator at_least(int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); }
 
 // Subcommands (one tools/cmd_<name>.cpp each).
 void register_inspect(CLI::App& app);

@@ -20,7 +20,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--preset", g->preset, "model preset (moecheck make-case --list-presets)");
   sub->add_option("--tokens", g->tokens, "batch sizes, comma-separated")->delimiter(',');
   sub->add_option("--tp", g->tp, "tensor-parallel degree: rank 0's slice of I")->check(CLI::Range(int64_t(1), int64_t(64)));
-  sub->add_option("--seed", g->seed, "seed of the synthetic layer");
+  sub->add_option("--seed", g->seed, "seed of the synthetic layer")->check(seed_text());
   sub->add_option("--min-iters", g->min_iters, "timed runs per batch size, at least")->check(CLI::Range(1, 100000));
   sub->add_option("--min-seconds", g->min_seconds, "timed seconds per batch size, at least")->check(CLI::Range(0.0, 600.0));
   sub->add_option("--input-sets", g->input_sets, "distinct input sets rotated")->check(CLI::Range(1, 64));
@@ -43,7 +43,7 @@ void register_bench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   ref->add_option("--preset", o->preset, "model preset (moecheck make-case --list-presets)");
   ref->add_option("--tokens", o->tokens, "tokens in the batch")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  ref->add_option("--seed", o->seed, "seed of the synthetic layer");
+  ref->add_option("--seed", o->seed, "seed of the synthetic layer")->check(seed_text());
   ref->add_option("--threads", o->threads, "worker threads (0: all cores)");
   ref->add_flag("--compare", o->compare, "also time what moecheck compare adds (budgets and judging)");
   ref->add_option("--budget-model", o->models,

@@ -352,7 +352,7 @@ void register_dump(CLI::App& app) {
   sub->add_option("--hidden-states", o->hidden_file, "captured hidden states [T, H]: .npy ('<f4' or '<u2' bf16 bits) or HDF5");
   o->dataset_opt = sub->add_option("--hidden-dataset", o->hidden_dataset, "HDF5 dataset of --hidden-states (default hidden_states)");
   o->tokens_opt = sub->add_option("--tokens", o->tokens, "synthetic hidden states: number of tokens T");
-  o->seed_opt = sub->add_option("--seed", o->seed, "synthetic hidden states: seed (make-case's distribution)");
+  o->seed_opt = sub->add_option("--seed", o->seed, "synthetic hidden states: seed (make-case's distribution)")->check(seed_text());
   o->dist_opt = sub->add_option("--dist", o->dist, "synthetic hidden states: realistic (default) | uniform | adversarial");
   sub->add_option("--experts", o->experts, "all (default: every local expert) | routed (only those some token routes to)");
   sub->add_option("--tp", o->tp, "tensor-parallel ranks: each holds I/N of the intermediate dimension (default 1)");

@@ -105,8 +105,9 @@ void register_faults(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("--bugs", o->bugs, "the bug corpus (default: the source tree's golden/bugs)");
-  sub->add_option("--cases", o->cases, "gate sweep cases each fault is also run on (default 40; 0: none)");
-  sub->add_option("--seed", o->seed, "seed of those sweep cases (default 1)");
+  sub->add_option("--cases", o->cases, "gate sweep cases each fault is also run on (default 40; 0: none)")
+      ->check(at_least(0));
+  sub->add_option("--seed", o->seed, "seed of those sweep cases (default 1)")->check(seed_text());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const std::string bugs = o->bugs.empty() ? default_bugs_dir() : o->bugs;

@@ -410,21 +410,26 @@ void register_gate(CLI::App& app) {
   sub->add_option("--backend", o->backend,
                   "emulated | faulty:<fault> (either with @hopper: Hopper wgmma block sums) | cuda | cublaslt "
                   "(default: cuda with a GPU, else emulated)");
-  o->cases_opt = sub->add_option("--cases", o->cases, "sweep cases to run (default 100)");
-  o->time_opt = sub->add_option("--time", o->time, "run sweep cases until S seconds have passed");
-  sub->add_option("--seed", o->seed, "seed of the sweep (default 1); case i of seed S is always the same case");
-  sub->add_option("--case", o->case_index, "run only sweep case i (replay a failure), no golden corpus");
+  o->cases_opt = sub->add_option("--cases", o->cases, "sweep cases to run (default 100)")->check(at_least(1));
+  o->time_opt = sub->add_option("--time", o->time, "run sweep cases until S seconds have passed")
+                    ->check(CLI::Range(1e-3, 1e7));
+  sub->add_option("--seed", o->seed, "seed of the sweep (default 1); case i of seed S is always the same case")
+      ->check(seed_text());
+  sub->add_option("--case", o->case_index, "run only sweep case i (replay a failure), no golden corpus")
+      ->check(at_least(0));
   sub->add_option("--presets", o->presets_csv, "comma-separated tiny presets (default: all tiny presets)");
   sub->add_option("--junit", o->junit, "write JUnit XML (one testsuite for the sweep, one for golden)");
   sub->add_option("--golden", o->golden, "golden corpus directory (default: the source tree's golden/cases)");
   sub->add_flag("--no-golden", o->no_golden, "skip the golden corpus");
   sub->add_option("--work-dir", o->work_dir, "where sweep cases are written (default: a new /tmp directory, removed when all pass)");
   sub->add_flag("--keep", o->keep, "keep the work directory");
-  sub->add_option("--shrink", o->shrink, "failing cases to shrink (default 1; 0: none)");
+  sub->add_option("--shrink", o->shrink, "failing cases to shrink (default 1; 0: none)")->check(at_least(0));
   sub->add_option("--shrink-dir", o->shrink_dir, "where shrunk cases go (default: the work directory)");
-  sub->add_option("--max-failures", o->max_failures, "stop the sweep after N failures (default: never)");
+  sub->add_option("--max-failures", o->max_failures, "stop the sweep after N failures (default: never)")
+      ->check(at_least(1));
   sub->add_option("--int32-threshold", o->int32_threshold,
-                  "faulty:int32_overflow: the wrap index (default: T*k*H/2 of each case)");
+                  "faulty:int32_overflow: the wrap index (default: T*k*H/2 of each case)")
+      ->check(at_least(1));
   sub->add_flag("--no-expert-outputs", o->no_expert_outputs,
                 "judge the combined output only (no per-slot judging of each expert's output)");
   sub->add_flag("-v,--verbose", o->verbose, "print every sweep case with its make-case command");

@@ -151,7 +151,7 @@ void register_make_case(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("make-case", "Write a synthetic case from a model preset (golden/GENERATOR.md)");
   o->preset = sub->add_option("--preset", o->g.preset, "model preset (--list-presets)");
   o->tokens = sub->add_option("--tokens", o->g.tokens, "number of tokens T (>= 1)");
-  o->seed = sub->add_option("--seed", o->g.seed, "seed of every random value (unsigned 64-bit)");
+  o->seed = sub->add_option("--seed", o->g.seed, "seed of every random value (unsigned 64-bit)")->check(seed_text());
   sub->add_option("--tp", o->g.tp, "tensor-parallel ranks: each holds I/N of the intermediate dimension (default 1)");
   sub->add_option("--tp-rank", o->g.tp_rank, "this case's TP rank in [0, --tp)");
   sub->add_option("--ep", o->g.ep, "expert-parallel ranks: each holds E/N experts (default 1)");

@@ -169,7 +169,7 @@ void register_probe(CLI::App& app) {
       ->check(CLI::IsMember({"wgmma", "mma-sync", "all"}));
   sub->add_option("--dot-products", o->dot_products, "dot products per instruction form (default 2^20)")
       ->check(CLI::Range(int64_t(512), int64_t(1) << 26));
-  sub->add_option("--seed", o->seed, "seed of the test vectors");
+  sub->add_option("--seed", o->seed, "seed of the test vectors")->check(seed_text());
   sub->add_option("--dump", o->dump, "also write the raw outputs to this folder (refit them with --from)");
   sub->add_option("--from", o->from, "fit the outputs dumped in this folder instead of running on a GPU");
   sub->add_option("--threads", o->threads, "CPU threads for the fit (default: all)")->check(CLI::Range(1, 1024));

@@ -53,7 +53,7 @@ void register_repro(CLI::App& app) {
   sub->add_option("--output", o->output, "report the judgement of /outputs/NAME (default: the first failing output)")
       ->excludes(b);
   sub->add_option("--int32-threshold", o->int32_threshold,
-                  "faulty:int32_overflow: the wrap index (default: the recorded output's int32_threshold)");
+                  "faulty:int32_overflow: the wrap index (default: the recorded output's int32_threshold)")->check(at_least(1));
   sub->add_option("--rows", o->rows, "expert rows shown (default 8, failing first)");
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_option("--budget-model", o->model,

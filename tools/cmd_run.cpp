@@ -26,7 +26,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--name", o->name, "output name (default: the backend name, '@' written as '+')");
   sub->add_flag("--expert-outputs", o->expert_outputs, "also record each slot's output before weighting");
   sub->add_option("--int32-threshold", o->int32_threshold,
-                  "faulty:int32_overflow only: the flat index at which the emulated int32 wraps");
+                  "faulty:int32_overflow only: the flat index at which the emulated int32 wraps")->check(at_least(1));
   sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case");
   set_runner(sub, [o]() {
     std::string name = o->name;
