@@ -244,7 +244,7 @@ struct Scratch {
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
   std::vector<double> panel, lut, abs_panel, tscratch;
   SquaresBuffers sq_buf;  // noise model: the squares products in float32
-  RowMat hq, rq, hmean, hmb;  // re-quantization test (§10.7): h_deq - h [n, I], its GEMM2 [n, H], E of h's deviation and a bound
+  RowMat hq, rq, hmean, hmb, hfv;  // re-quantization test (§10.7): h_deq - h [n, I], its GEMM2 [n, H], RequantMoments
   SquaresBuffers lin_buf;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
@@ -436,7 +436,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n);
   const bool requant = budget && bc.requant.r;
-  if (requant) s.hq.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I);
+  if (requant) s.hq.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
   if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
@@ -459,13 +459,16 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
       // §10.2: the dequantized intermediate's variance, plus the GEMM2 promotion's term c2 |h|.
       double* hv = s.hvar.row(r).data();
+      RequantMoments moments;
+      if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data()};
       intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
-                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? s.hmean.row(r).data() : nullptr,
-                             requant ? s.hmb.row(r).data() : nullptr);
+                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr);
       // §10.7: what the re-quantization changed, the direction a skipped one shows up along.
       if (requant)
         for (int64_t i = 0; i < I; ++i) s.hq(r, i) = hr[i] - double(s.hrow[i]);
       for (int64_t i = 0; i < I; ++i) hv[i] += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
+      if (requant)
+        for (int64_t i = 0; i < I; ++i) s.hfv(r, i) += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
     }
     if (budget && bc.chunked) {
       // Alignment floors of h (truncation_bound.hpp): 2^-6 of the largest scale the device may
@@ -544,7 +547,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       const int64_t slot = job.slots[r];
       if (requant) {
         for (int64_t i = 0; i < H; ++i) bc.requant.r[slot * H + i] = float(s.rq(r, i));
-        std::copy_n(s.hvar.row(r).data(), I, bc.requant.hvar + slot * I);
+        std::copy_n(s.hfv.row(r).data(), I, bc.requant.hvar + slot * I);
         std::copy_n(s.hmean.row(r).data(), I, bc.requant.hmean + slot * I);
         std::copy_n(s.hmb.row(r).data(), I, bc.requant.hmean_bound + slot * I);
       }

@@ -18,8 +18,9 @@ constexpr double kU32 = 0x1p-24;
 // elsewhere, saturation), and leaving it moves the result by about a step (step_lo below,
 // step_hi above) plus X itself.
 struct Crossing {
-  double var = 0;   // the variance proxy of the rounded result's deviation
-  double mean = 0;  // E of that deviation: p_hi step_hi - p_lo step_lo
+  double var = 0;      // the variance proxy of the rounded result's deviation (at least the input's)
+  double mean = 0;     // E of that deviation: p_hi step_hi - p_lo step_lo
+  double crossed = 0;  // its second moment from the crossings alone, p (step^2 + var): no floor
 };
 Crossing cell_crossing(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
   if (!(var > 0)) return {};
@@ -28,8 +29,8 @@ Crossing cell_crossing(double v, double vr, double var, double lo, double hi, do
   const double step = std::max(step_lo, step_hi);
   // Never below var itself: an element whose crossing probability underflows keeps a finite
   // weight in the aggregate fits (and the model stays conservative there).
-  return {std::max(std::min(1.0, p_lo + p_hi) * (step * step + var), var),
-          std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo};
+  const double crossed = std::min(1.0, p_lo + p_hi) * (step * step + var);
+  return {std::max(crossed, var), std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo, crossed};
 }
 
 // Steps of a binary grid with `mant` fraction bits and smallest normal exponent emin at r: the
@@ -84,7 +85,7 @@ double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * s
 
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
-                            const double* worst_dev, double* var, double* mean, double* mean_bound) {
+                            const double* worst_dev, double* var, const RequantMoments* rq) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
@@ -117,7 +118,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
       for (int64_t i = g0; i < g0 + n; ++i) {
         var[i] = worst_dev[i] * worst_dev[i];
-        if (mean) mean[i] = 0, mean_bound[i] = worst_dev[i];
+        if (rq) rq->mean[i] = 0, rq->mean_bound[i] = worst_dev[i], rq->var[i] = var[i];
       }
       continue;
     }
@@ -141,12 +142,20 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       // Codes saturate at +-448: nothing beyond rounds elsewhere.
       const double st = grid_steps(cv, 3, -6).at * s;
       const Crossing x = grid_crossing(v, cv, vv, 3, -6, std::fabs(cv) == 448.0);
-      var[i] = s * s * x.var + cv * cv * vs + std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) +
-               std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
+      const double scale_terms = cv * cv * vs + std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) +
+                                 std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
+      var[i] = s * s * x.var + scale_terms;
       // The mean: the code's crossings, signed (the continuous parts, h's own rounding and the
       // float32 scale's slack, are taken as centred, A2 of §10.4); the UE8M0 scale's crossings,
       // whose direction depends on every element of the group, as a bound.
-      if (mean) mean[i] = s * x.mean, mean_bound[i] = std::min(1.0, p_up) * 1.5 * st + std::min(1.0, p_dn) * 0.75 * st;
+      if (rq) {
+        rq->mean[i] = s * x.mean;
+        rq->mean_bound[i] = std::min(1.0, p_up) * 1.5 * st + std::min(1.0, p_dn) * 0.75 * st;
+        // A deviation of h that crosses no boundary leaves its code, so h_deq, unchanged: the
+        // second moment is the crossings' (the floor at h's own variance, kept in var for the
+        // fits' weights, is no deviation of h_deq).
+        rq->var[i] = s * s * x.crossed + scale_terms;
+      }
     }
   }
 }

@@ -39,15 +39,22 @@ double rounded_noise_var(double v, double vr, double var, Precision p);
 // own pre-quantization values h [I] (float, as it quantized them), its codes [I] and scales
 // [ceil(I/G)]. Writes var [I], the proxy of the device's dequantized intermediate minus the
 // reference's. Where the model does not apply (a group whose scale may be 0 without a floor) it
-// writes worst_dev^2, the worst case's deviation squared. mean and mean_bound [I], when given
-// (both or neither; BUDGETS.md §10.7): the re-quantization's crossings move h by a step toward
-// the nearer cell boundary, so the deviation X has a mean, p_hi step_hi - p_lo step_lo; |E X| <=
-// |mean| + mean_bound, where mean_bound covers what has no known sign (UE8M0 scale crossings;
-// where the model does not apply, worst_dev with mean 0).
+// writes worst_dev^2, the worst case's deviation squared. rq, when given: RequantMoments below.
+// The re-quantization test's view of the same deviation X (BUDGETS.md §10.7), per element [I]:
+// the re-quantization's crossings move h by a step toward the nearer cell boundary, so X has a
+// mean, p_hi step_hi - p_lo step_lo; |E X - mean| <= mean_bound covers what has no known sign
+// (UE8M0 scale crossings; where the model does not apply, worst_dev with mean 0); var is X's
+// second moment from the crossings and the scale, without var's floor at h's own variance (a
+// deviation that crosses nothing leaves the code as it is).
+struct RequantMoments {
+  double* mean = nullptr;
+  double* mean_bound = nullptr;
+  double* var = nullptr;
+};
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var,
-                            double* mean = nullptr, double* mean_bound = nullptr);
+                            const RequantMoments* rq = nullptr);
 
 // The sigma multiple at which a sub-Gaussian test of `tests` statistics has a false-alarm
 // probability of at most `alpha` in all (two-sided, union bound): sqrt(2 ln(2 tests / alpha)).

@@ -25,7 +25,7 @@ namespace moecheck {
 // Per slot t*k+j, filled by the forward's first pass (each slot by the expert that ran it).
 struct RequantSlots {
   float* r = nullptr;       // [T*k, H] W2_j (h_deq - h)_j, before the routing weight
-  double* hvar = nullptr;   // [T*k, I] var(X_{j,i}) (noise_model.hpp intermediate_noise_var)
+  double* hvar = nullptr;   // [T*k, I] second moment of X_{j,i} (noise_model.hpp RequantMoments::var)
   double* hmean = nullptr;  // [T*k, I] E X_{j,i}
   double* hmean_bound = nullptr;  // [T*k, I] |E X_{j,i} - hmean| <= hmean_bound
 };
