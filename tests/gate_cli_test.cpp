@@ -262,5 +262,22 @@ TEST(Cli, OutOfRangeNumbersExitTwoNamingTheOption) {
   }
 }
 
+// A file to be written in a directory that does not exist is refused before any work, naming
+// the option and the user's path (not HDF5's internals nor a temporary's name).
+TEST(Cli, UnwritableOutputsExitTwoNamingThePath) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"make-case", "--preset", "tiny-qwen", "--tokens", "2", "--seed", "1", "-o", "/missing-dir/x.h5"},
+      {"gate", "--cases", "1", "--no-golden", "--junit", "/missing-dir/j.xml"},
+      {"compare", "/missing-dir/case.h5", "--json", "/missing-dir/r.json"},
+      {"shrink", "/missing-dir/case.h5", "--backend", "emulated", "-o", "/missing-dir/m.h5"},
+  };
+  for (const auto& args : bad) {
+    const auto r = moecheck(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("'/missing-dir'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find(".tmp."), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace moecheck

@@ -37,6 +37,9 @@ inline CLI::Validator seed_text() {
       },
       "UINT64");
 }
+// a file to be written: its directory exists and is writable, and it is not a directory itself
+// (checked before any work, so a bad path never costs a run nor leaves a partial file);
+CLI::Validator output_file();
 // counts and indices: at least `lo`.
 inline CLI::Validator at_least(int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); }
 

@@ -48,8 +48,8 @@ void register_compare(CLI::App& app) {
       ->check(CLI::IsMember({"quantized", "ideal"}));
   sub->add_option("--budget-model", o->model, "judge every output with this model: " + budget_model_names())
       ->check(budget_model_validator());
-  sub->add_option("--json", o->json, "also write the report as JSON (tools/REPORT-SCHEMA.md)");
-  sub->add_option("--html", o->html, "also write a self-contained HTML page");
+  sub->add_option("--json", o->json, "also write the report as JSON (tools/REPORT-SCHEMA.md)")->check(output_file());
+  sub->add_option("--html", o->html, "also write a self-contained HTML page")->check(output_file());
   sub->add_flag("--allow-vacuous", o->allow_vacuous,
                 "exit 0 for an output whose checks would not see it zeroed (BUDGETS.md §10.6; still reported VACUOUS)");
   sub->add_flag("--requant-test", o->requant_test,

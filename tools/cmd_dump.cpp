@@ -363,7 +363,7 @@ void register_dump(CLI::App& app) {
   sub->add_option("--hidden-dtype", o->hidden_dtype, "storage of hidden_states: bf16 | f32 (default: the file's; synthetic: bf16)");
   sub->add_option("--intermediate-dtype", o->intermediate_dtype, "/config intermediate_dtype: f32 (default) | bf16");
   sub->add_option("--routing-weight-dtype", o->routing_weight_dtype, "/config routing_weight_dtype: f32 (default) | bf16");
-  sub->add_option("-o,--output", o->out, "case file to write (atomically)");
+  sub->add_option("-o,--output", o->out, "case file to write (atomically)")->check(output_file());
   sub->add_flag("--dry-run", o->dry_run, "print what would be written; write nothing");
   sub->add_flag("-q,--quiet", o->quiet, "no progress and no summary");
   set_runner(sub, [o] { return run_dump(*o); });

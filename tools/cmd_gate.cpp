@@ -418,7 +418,7 @@ void register_gate(CLI::App& app) {
   sub->add_option("--case", o->case_index, "run only sweep case i (replay a failure), no golden corpus")
       ->check(at_least(0));
   sub->add_option("--presets", o->presets_csv, "comma-separated tiny presets (default: all tiny presets)");
-  sub->add_option("--junit", o->junit, "write JUnit XML (one testsuite for the sweep, one for golden)");
+  sub->add_option("--junit", o->junit, "write JUnit XML (one testsuite for the sweep, one for golden)")->check(output_file());
   sub->add_option("--golden", o->golden, "golden corpus directory (default: the source tree's golden/cases)");
   sub->add_flag("--no-golden", o->no_golden, "skip the golden corpus");
   sub->add_option("--work-dir", o->work_dir, "where sweep cases are written (default: a new /tmp directory, removed when all pass)");

@@ -173,7 +173,7 @@ void register_make_case(CLI::App& app) {
   sub->add_option("--gate-up-layout", o->gate_up_layout, "w13 row order: gate_up (default) | up_gate");
   sub->add_option("--hidden-dtype", o->hidden_dtype, "storage of hidden_states: bf16 (default) | f32");
   sub->add_option("--bias-dtype", o->bias_dtype, "storage of routing_bias: f32 (default) | bf16");
-  sub->add_option("-o,--output", o->out, "case file to write (atomically)");
+  sub->add_option("-o,--output", o->out, "case file to write (atomically)")->check(output_file());
   sub->add_flag("--list-presets", o->list, "print the presets with their values and sources, then exit");
   sub->add_flag("--dry-run", o->dry_run, "print what would be written (shapes, experts, size); write nothing");
   sub->add_flag("-q,--quiet", o->quiet, "no progress and no summary");

@@ -24,7 +24,7 @@ void register_reference(CLI::App& app) {
   sub->add_option("--budget-model", o->model,
                   "accumulator model of the budget stored with the quantized tier: " + budget_model_names())
       ->check(budget_model_validator());
-  sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case");
+  sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case")->check(output_file());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);

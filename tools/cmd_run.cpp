@@ -27,7 +27,7 @@ void register_run(CLI::App& app) {
   sub->add_flag("--expert-outputs", o->expert_outputs, "also record each slot's output before weighting");
   sub->add_option("--int32-threshold", o->int32_threshold,
                   "faulty:int32_overflow only: the flat index at which the emulated int32 wraps")->check(at_least(1));
-  sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case");
+  sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case")->check(output_file());
   set_runner(sub, [o]() {
     std::string name = o->name;
     if (name.empty()) {  // a backend name with a model (faulty:F@hopper) is not an output name as is

@@ -29,7 +29,7 @@ void register_shrink(CLI::App& app) {
   sub->add_option("CASE", o->path, "the failing case")->required();
   auto* b = sub->add_option("--backend", o->backend, "the backend that fails on it: emulated | faulty:<fault> | cuda | cublaslt");
   sub->add_option("--output", o->output, "judge this recorded output instead (only tokens and experts can be removed)")->excludes(b);
-  sub->add_option("-o", o->out, "the minimal case to write")->required();
+  sub->add_option("-o", o->out, "the minimal case to write")->check(output_file())->required();
   sub->add_option("--max-attempts", o->max_attempts, "candidates tried at most (default 400)");
   sub->add_option("--int32-threshold", o->int32_threshold, "faulty:int32_overflow: the wrap index")->check(at_least(1));
   sub->add_option("--budget-model", o->model,

@@ -1,8 +1,10 @@
 // moecheck: the command-line tool. Parses the command line (CLI11), runs the selected
 // subcommand and turns every failure into an exit code and a message (cli_common.hpp).
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <unistd.h>
 
 #include "reference/errors.hpp"
 #include "tools/cli_common.hpp"
@@ -19,6 +21,21 @@ std::map<const CLI::App*, std::function<int()>>& runners() {
 void set_runner(CLI::App* sub, std::function<int()> run) { runners()[sub] = std::move(run); }
 
 void print_error(const std::string& message) { std::cerr << "moecheck: error: " << message << std::endl; }
+
+CLI::Validator output_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (path.empty()) return "an empty path";
+        if (fs::is_directory(path, ec)) return "'" + path + "' is a directory, not a file";
+        const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+        if (!fs::is_directory(dir, ec)) return "cannot write '" + path + "': directory '" + dir.string() + "' does not exist";
+        if (access(dir.c_str(), W_OK) != 0) return "cannot write '" + path + "': directory '" + dir.string() + "' is not writable";
+        return "";
+      },
+      "FILE");
+}
 
 }  // namespace moecheck::cli
 
