@@ -61,6 +61,11 @@ class Hash64 {
 
 CaseProblem::CaseProblem(const std::string& path) : reader_(std::make_unique<CaseReader>(path)) {
   const CaseReader& r = *reader_;
+  if (const std::vector<Problem> problems = r.validate(); !problems.empty()) {
+    const std::string more =
+        problems.size() > 1 ? fmt::format(" (and {} more: moecheck inspect lists them)", problems.size() - 1) : "";
+    throw InputError(path, problems[0].where, problems[0].rule + more);
+  }
   hidden_ = r.read_hidden_states();
   logits_ = r.read_router_logits();
   if (auto b = r.read_routing_bias()) bias_ = std::move(*b);

@@ -14,6 +14,10 @@ namespace moecheck {
 
 class CaseProblem {
  public:
+  // Opens the case and applies every rule `moecheck inspect` applies (CaseReader::validate: finite
+  // inputs, finite positive scales, no NaN-coded weights, ...) before anything uses it: a case
+  // that breaks one throws InputError(path, where, rule) for the first, so no command runs a
+  // backend on, or judges an output against, invalid data. Reads the data once more for that.
   explicit CaseProblem(const std::string& path);
 
   const CaseReader& reader() const { return *reader_; }

@@ -1,6 +1,7 @@
-// Hostile, truncated and malformed files through the real CLI: `moecheck inspect FILE` runs as a
-// subprocess and must exit with code 2 (never by a signal, never 0 or 1) with a message on stderr
-// naming the file and the offending dataset or attribute. Files come from
+// Hostile, truncated and malformed files through the real CLI: `moecheck inspect FILE` (and, for
+// the h5py-written ones, `run` and `reference`) runs as a subprocess and must exit with code 2
+// (never by a signal, never 0 or 1) with a message on stderr naming the file and the offending
+// dataset or attribute. Files come from
 // tests/h5py/write_hostile.py (its manifest says what each must name) and from byte-level damage
 // done here: truncated copies of the committed sample case, random bytes, empty and text files.
 #include <gtest/gtest.h>
@@ -66,6 +67,20 @@ TEST(HostileFiles, WrittenWithH5py) {
       continue;
     }
     expect_input_error(file, where);
+    // Every command that uses a case applies the same rules first (golden/case_problem.hpp):
+    // never a backend run on, or a verdict about, invalid data.
+    for (const std::vector<std::string>& cmd :
+         {std::vector<std::string>{"run", file, "--backend", "emulated", "-o", dir.file("out.h5")},
+          std::vector<std::string>{"reference", file, "-o", dir.file("out.h5")}}) {
+      std::vector<std::string> argv = {test::binary("moecheck")};
+      argv.insert(argv.end(), cmd.begin(), cmd.end());
+      const test::RunResult r = test::run_process(argv);
+      SCOPED_TRACE(cmd[0] + " " + file + "\nstderr: " + r.err);
+      ASSERT_EQ(r.signal, 0);
+      EXPECT_EQ(r.exit_code, 2);
+      EXPECT_NE(r.err.find("moecheck: error: " + file), std::string::npos);
+      EXPECT_NE(r.err.find(": " + where + ": "), std::string::npos) << "expected " << where;
+    }
   }
   EXPECT_GE(count, 40);
 }
