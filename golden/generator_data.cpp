@@ -51,7 +51,7 @@ struct Rates {
   double tiny_block = 0;    // fraction of weight blocks with scales ~1e-8
   double extreme_block = 0; // fraction of weight blocks with scales ~1e-29..1e-26
   double negative_bias = 0; // fraction of experts with bias in [-2, -1] (scores < 0)
-  double glm_bias = 0;      // fraction of experts with bias ~12 and logits ~-17 (BUG-CLASSES #18)
+  double glm_bias = 0;      // fraction of experts with bias ~12 and logits ~-17 (docs/BUG-CLASSES.md #18)
   double gate_mean = 0;     // gate weights ~ sigma * (N(0,1) - gate_mean)
   bool planted = false;     // tokens 1, 2, 3 (zero group, tiny, huge) and dead experts
 };
@@ -117,7 +117,7 @@ void plant_tie(const DataSpec& s, int64_t t, float* row, const std::vector<float
 constexpr int64_t kColdToken = 6;
 
 // Token 6 of a planted distribution with grouped, biased routing (GENERATOR.md "Cold token",
-// BUG-CLASSES #19): every logit -4 (sigmoid 0.018: an expert's biased score is negative where its
+// docs/BUG-CLASSES.md #19): every logit -4 (sigmoid 0.018: an expert's biased score is negative where its
 // bias is below -0.018, and its weight, a few % of an anchor's, still shows in the output),
 // except one anchor per group in the topk_group groups with the fewest non-negative scores, at
 // +8. The anchored groups are kept (unless a group's two largest biases outscore an anchor, as
@@ -223,7 +223,7 @@ std::vector<float> routing_bias(const DataSpec& s) {
     double v = 0.1 * z;                                 // N(0, 0.1): DeepSeek-V3-like magnitudes
     const int cls = bias_class(s, r, e);
     if (cls == 1) v = -1.0 - std::min(std::fabs(z), 4.0) * 0.25;  // [-2, -1]: sigmoid + bias < 0
-    if (cls == 2) v = 12.0 + 0.1 * z;                   // GLM-5.2-like (BUG-CLASSES #18)
+    if (cls == 2) v = 12.0 + 0.1 * z;                   // GLM-5.2-like (docs/BUG-CLASSES.md #18)
     b[size_t(e)] = s.bias_dtype == Precision::bf16 ? bf16_round(v) : fl32(v);
   }
   return b;

@@ -33,14 +33,14 @@ const std::vector<ModelPreset>& table() {
       // scoring_func sigmoid + topk_method noaux_tc (= deepseek_v3 routing with
       // e_score_correction_bias), n_group 8, topk_group 4, routed_scaling_factor 2.5.
       {"deepseek-v3", "deepseek-r1", "DeepSeek-V3 / DeepSeek-R1 MoE layer",
-       "HF deepseek-ai/DeepSeek-V3 config.json (NUMERICS.md §8.1)",
+       "HF deepseek-ai/DeepSeek-V3 config.json",
        layer(256, 7168, 2048, 8, R::deepseek_v3, 8, 4, 2.5), true, true},
       // moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture, model_type kimi_k2):
       // n_routed_experts 384, hidden_size 7168, moe_intermediate_size 2048, num_experts_per_tok 8,
       // scoring_func sigmoid, topk_method noaux_tc, n_group 1, topk_group 1,
       // routed_scaling_factor 2.827 (FlashInfer's kimi_k2 test config: 384 experts, 1 group;
       // NUMERICS.md §8.3).
-      {"kimi-k2", "", "Kimi-K2 MoE layer", "HF moonshotai/Kimi-K2-Instruct config.json (NUMERICS.md §8.3)",
+      {"kimi-k2", "", "Kimi-K2 MoE layer", "HF moonshotai/Kimi-K2-Instruct config.json",
        layer(384, 7168, 2048, 8, R::deepseek_v3, 1, 1, 2.827), true, true},
       // zai-org/GLM-4.5 config.json (model_type glm4_moe): n_routed_experts 160, hidden_size 5120,
       // moe_intermediate_size 1536, num_experts_per_tok 8, sigmoid scores + e_score_correction_bias
@@ -52,11 +52,11 @@ const std::vector<ModelPreset>& table() {
       // Qwen/Qwen3-30B-A3B config.json (NUMERICS.md §8.2): num_experts 128, hidden_size 2048,
       // moe_intermediate_size 768, num_experts_per_tok 8, norm_topk_prob true (softmax -> top-k
       // -> renormalize = our renormalize), no bias, no groups, no scaling factor.
-      {"qwen3-30b-a3b", "", "Qwen3-30B-A3B MoE layer", "HF Qwen/Qwen3-30B-A3B config.json (NUMERICS.md §8.2)",
+      {"qwen3-30b-a3b", "", "Qwen3-30B-A3B MoE layer", "HF Qwen/Qwen3-30B-A3B config.json",
        layer(128, 2048, 768, 8, R::renormalize, 1, 1, 1.0), false, true},
       // Qwen/Qwen3-235B-A22B config.json (NUMERICS.md §8.2): num_experts 128, hidden_size 4096,
       // moe_intermediate_size 1536, num_experts_per_tok 8, norm_topk_prob true.
-      {"qwen3-235b-a22b", "", "Qwen3-235B-A22B MoE layer", "HF Qwen/Qwen3-235B-A22B config.json (NUMERICS.md §8.2)",
+      {"qwen3-235b-a22b", "", "Qwen3-235B-A22B MoE layer", "HF Qwen/Qwen3-235B-A22B config.json",
        layer(128, 4096, 1536, 8, R::renormalize, 1, 1, 1.0), false, true},
 
       // Tiny presets: made-up sizes with the routing structure of a real model; H and I are
@@ -79,7 +79,7 @@ const std::vector<ModelPreset>& table() {
        layer(8, 256, 128, 1, R::llama4, 1, 1, 1.0), false, false},
       // H = 320 and I = 192 are not multiples of 128: ragged edge blocks everywhere, and the
       // middle 128-row block of w13 holds the last 64 gate rows and the first 64 up rows
-      // (BUG-CLASSES.md #15, #25).
+      // (docs/BUG-CLASSES.md #15, #25).
       {"tiny-ragged", "", "small layer with dimensions that are not multiples of 128 (ragged blocks)", "made up",
        layer(8, 320, 192, 2, R::renormalize, 1, 1, 1.0), false, false},
   };

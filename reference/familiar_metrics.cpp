@@ -1,4 +1,4 @@
-// The familiar metrics (moe_compare.hpp, BUG-CLASSES.md §2): what engines' own tests compute,
+// The familiar metrics (moe_compare.hpp, docs/BUG-CLASSES.md §2): what engines' own tests compute,
 // on the same data as the budgeted judgement, so a report can show which of them a fault passes.
 #include <algorithm>
 #include <cmath>
@@ -35,7 +35,7 @@ FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vect
   m.cos_diff = (sxx + syy) > 0 ? 1 - 2 * sxy / (sxx + syy) : 0.0;
   m.mean_rel = sar > 0 ? sad / sar : (sad > 0 ? kInf : 0.0);
   m.allclose_fraction = ref.empty() ? 1.0 : double(close) / double(ref.size());
-  // Thresholds of BUG-CLASSES.md §2: DeepGEMM calc_diff < 1e-3, SGLang fused-MoE mean-relative
+  // Thresholds of docs/BUG-CLASSES.md §2: DeepGEMM calc_diff < 1e-3, SGLang fused-MoE mean-relative
   // < 0.02, vLLM assert_close(atol = rtol = 0.035) on every element, NMSE < 5e-3 (llama.cpp MoE).
   const bool finite = m.nonfinite == 0;
   m.deepgemm_pass = finite && m.cos_diff < 1e-3;

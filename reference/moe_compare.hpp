@@ -57,7 +57,7 @@ struct ExpertVerdict {
   bool pass = true;
 };
 
-// The metrics engines' tests use (BUG-CLASSES.md §2), computed on the same data.
+// The metrics engines' tests use (docs/BUG-CLASSES.md §2), computed on the same data.
 struct FamiliarMetrics {
   double max_abs = 0, max_rel = 0;  // max_rel: |d| / |ref| over elements with |ref| >= 1e-3 max|ref|
   double rel_l2 = 0, sqnr_db = 0;

@@ -9,7 +9,7 @@
 //                       [g*E/n_group, (g+1)*E/n_group)); group score = sum of the two largest
 //                       sel of the group (the one sel if the group has one expert); the
 //                       topk_group best groups are kept, the others are excluded entirely
-//                       (treated as -inf, never as 0: HF's zero mask, BUG-CLASSES #19); top_k by
+//                       (treated as -inf, never as 0: HF's zero mask, docs/BUG-CLASSES.md #19); top_k by
 //                       sel among the kept groups' experts. w = rsf * gate_i / sum_chosen gate.
 //   renormalize         gate = sel = softmax(l) (max subtracted); top_k; w = rsf * p_i / sum_chosen p.
 //   softmax_topk        gate = sel = softmax(l); top_k; w = rsf * p_i (no renormalization).
@@ -17,7 +17,7 @@
 //                       w = rsf * gate_i / sum_chosen gate.
 //   llama4              sel = l (the logit itself), gate = sigmoid(l); top-1; w = rsf * gate.
 // A bias is only accepted for deepseek_v3 and sigmoid_renormalize (std::invalid_argument
-// otherwise: silently ignoring a bias is BUG-CLASSES #17's failure mode).
+// otherwise: silently ignoring a bias is docs/BUG-CLASSES.md #17's failure mode).
 //
 // Numerics: every score, sum and weight is computed in double from the float inputs
 // (sigmoid(x) = 1/(1+exp(-x)) for x >= 0, exp(x)/(1+exp(x)) for x < 0; softmax = exp(l - max)

@@ -118,9 +118,9 @@ class FaultyBackend : public ::testing::TestWithParam<FaultCase> {};
 TEST_P(FaultyBackend, IsCaught) {
   const FaultCase& fc = GetParam();
   SmallLayer L = make_small_layer(fc.config, 24, 3, uses_bias(fc.config));
-  // Negative biases, so that zero-masking excluded groups changes the choice (BUG-CLASSES #19).
+  // Negative biases, so that zero-masking excluded groups changes the choice (docs/BUG-CLASSES.md #19).
   for (float& b : L.bias) b -= 1.0f;
-  // bias_bf16 shows where biases are large and close (GLM-style, BUG-CLASSES #18): near 8 the bf16
+  // bias_bf16 shows where biases are large and close (GLM-style, docs/BUG-CLASSES.md #18): near 8 the bf16
   // spacing is 1/16, so biases 1/256 apart collapse and the selection changes.
   if (fc.fault == Fault::bias_bf16)
     for (size_t e = 0; e < L.bias.size(); ++e) L.bias[e] = 8.0f + float((e * 7) % 16) / 256.0f;

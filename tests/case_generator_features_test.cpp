@@ -281,7 +281,7 @@ TEST(CaseGeneratorFeatures, AdversarialPlantsMidpointsZeroRowAndExtremeBiases) {
 
 // --- Cold token -------------------------------------------------------------------------------
 // Token 6 of grouped, biased routing reaches negative selection scores inside the kept groups,
-// so that excluded groups masked with 0 instead of -inf (BUG-CLASSES #19) change its choice.
+// so that excluded groups masked with 0 instead of -inf (docs/BUG-CLASSES.md #19) change its choice.
 TEST(CaseGeneratorFeatures, ColdTokenChoosesANegativeScoreInsideTheKeptGroups) {
   const testing::ScratchDir dir("gen-cold");
   int triggered = 0, cases = 0;

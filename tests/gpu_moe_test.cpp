@@ -148,7 +148,7 @@ TEST(GpuMoeProperties, DeterministicAndGraphReplayBitIdentical) {
   }
 }
 
-// Output row t depends on input row t only (BUG-CLASSES #1, #12): the other tokens' hidden
+// Output row t depends on input row t only (docs/BUG-CLASSES.md #1, #12): the other tokens' hidden
 // states are replaced by saturated codes with huge scales, so their rows overflow to inf/NaN
 // through both GEMMs; token 0's output and slot outputs must keep the same bits.
 TEST(GpuMoeProperties, RowIsolationUnderOverflowingNeighbours) {

@@ -109,7 +109,7 @@ std::vector<uint8_t> normal_codes(uint64_t seed, uint64_t stream, size_t n, doub
 // Uniformly random finite e4m3fn codes (NaN codes 0x7F / 0xFF excluded); fast, for big weights.
 std::vector<uint8_t> random_codes(uint64_t seed, uint64_t stream, size_t n);
 // Scales 2^u, u uniform in [lo_exp, hi_exp): distinct per block, so a scale read from the wrong
-// block is a visible error (BUG-CLASSES #4 lesson 2).
+// block is a visible error (docs/BUG-CLASSES.md #4 lesson 2).
 std::vector<float> log_uniform_scales(uint64_t seed, uint64_t stream, size_t n, double lo_exp, double hi_exp);
 
 // ---- CPU model of one block-scaled GEMM row ---------------------------------------------------

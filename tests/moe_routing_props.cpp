@@ -81,7 +81,7 @@ rc::Gen<MoeConfig> gen_config(std::vector<RoutingMethod> methods) {
 //             sign (full 24-bit mantissas, sigmoid values down to ~1e-14).
 // Bias (deepseek_v3, sigmoid_renormalize, half of the cases), negative values included: multiples
 // of 1/32 in [-2, 2]; in mixed cases also exactFloat magnitudes 2^-20 .. 2^4 (a bias of ~10 next
-// to sigmoid values ~1e-8, the GLM-5.2 situation of BUG-CLASSES #18).
+// to sigmoid values ~1e-8, the GLM-5.2 situation of docs/BUG-CLASSES.md #18).
 enum class Logits { distinct, coarse, mixed };
 
 rc::Gen<float> coarse_logit() { return rc::gen::map(rc::gen::inRange(-16, 17), [](int v) { return float(v) * 0.25f; }); }

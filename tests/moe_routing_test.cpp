@@ -75,7 +75,7 @@ TEST(MoeRoutingDeepseek, GroupedKnownAnswer) {
   EXPECT_REL(r.group_margin_scale, g2);
 }
 
-// Negative bias, the case zero-masking (HF modeling_deepseek.py, BUG-CLASSES #19) gets wrong.
+// Negative bias, the case zero-masking (HF modeling_deepseek.py, docs/BUG-CLASSES.md #19) gets wrong.
 // E = 4, groups {0,1} {2,3}, keep 1 group, top-2, all logits 0 (s = .5).
 // bias [0, -.8, -.6, -.6] -> sel [.5, -.3, -.1, -.1]; g0 = .2, g1 = -.2 -> keep g0.
 // Correct: both experts of g0, [0, 1] (e1's sel -.3 < 0). Zero-masking sets e2, e3 to 0 > -.3

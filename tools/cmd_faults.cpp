@@ -1,6 +1,6 @@
 // `moecheck faults [--bugs DIR] [--cases N] [--seed S]`: per fault of the faulty:<fault>
 // backend (kernels/emulated/emulated_moe.hpp), what moecheck reports and which of the familiar
-// checks engines' own tests use (BUG-CLASSES.md §2) would have missed it:
+// checks engines' own tests use (docs/BUG-CLASSES.md §2) would have missed it:
 //   DeepGEMM  calc_diff (cosine diff) < 1e-3       SGLang  mean|d| / mean|ref| < 0.02
 //   vLLM      every element within atol = rtol = 0.035   ggml  NMSE < 5e-3
 // "missed" = that check passes the faulty output. Two sources of evidence per fault: its minimal

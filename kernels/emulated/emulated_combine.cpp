@@ -14,7 +14,7 @@ void finalize(Combine how, int64_t T, int64_t k, int64_t H, const int32_t* ids, 
   // Slot value (row r, column i), read through the int32 wrap of the fault when it is on.
   auto y = [&](int64_t r, int64_t i) {
     const int64_t f = r * H + i;
-    // faulty int32_overflow: BUG-CLASSES #22 (row * H computed in int32 wraps)
+    // faulty int32_overflow: docs/BUG-CLASSES.md #22 (row * H computed in int32 wraps)
     return slot_out[wrap > 0 && f >= wrap ? f % wrap : f];
   };
   std::vector<float> acc(H);

@@ -34,7 +34,7 @@ float round_to(float x, Precision p) { return p == Precision::bf16 ? bf16_round(
 // stored [C, R].
 std::vector<float> weight_scales(const float* s, int64_t R, int64_t C, Fault fault) {
   std::vector<float> out(s, s + R * C);
-  // faulty weight_scale_transposed: BUG-CLASSES #4 (block-scale layout read with the wrong order)
+  // faulty weight_scale_transposed: docs/BUG-CLASSES.md #4 (block-scale layout read with the wrong order)
   if (fault == Fault::weight_scale_transposed)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < C; ++c) out[r * C + c] = s[c * R + r];
@@ -85,7 +85,7 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
     const int64_t t = slots[m] / k;
     decode_e4m3(act_codes + t * H, H, a.data() + m * H);
     for (int64_t b = 0; b < KBH; ++b)
-      // faulty act_scale_transposed: BUG-CLASSES #4 ([T, H/G] scales read as if [H/G, T])
+      // faulty act_scale_transposed: docs/BUG-CLASSES.md #4 ([T, H/G] scales read as if [H/G, T])
       sa[m * KBH + b] = opt.fault == Fault::act_scale_transposed ? act_scales[b * T + t] : act_scales[t * KBH + b];
   }
   const std::vector<float> s13 = weight_scales(wt.w13_scale, (2 * I + G - 1) / G, KBH, opt.fault);
@@ -101,7 +101,7 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
 
   // h = silu(gate) * up (float32), rounded; re-quantized per group along I.
   bool gate_first = p.config.gate_up_layout == GateUpLayout::gate_up;
-  // faulty gate_up_swap: BUG-CLASSES #14 (w13 / w31 order not applied: silu of the up half)
+  // faulty gate_up_swap: docs/BUG-CLASSES.md #14 (w13 / w31 order not applied: silu of the up half)
   if (opt.fault == Fault::gate_up_swap) gate_first = !gate_first;
   const int64_t gate_off = gate_first ? 0 : I, up_off = gate_first ? I : 0;
   std::vector<float> h(M * I), hv(M * I), hs(M * KBI);
@@ -127,7 +127,7 @@ void Layer::run_expert(int64_t wid, const std::vector<int64_t>& slots) {
     gemm(M, H, I, hv.data(), hs.data(), wt.w2, s2.data(), y.data());
   }
   for (float& v : y) v = round_to(v, p.config.recipe.expert_output_dtype);
-  // faulty empty_expert_garbage: BUG-CLASSES #11/#13 (rows of a sparsely used expert never written)
+  // faulty empty_expert_garbage: docs/BUG-CLASSES.md #11/#13 (rows of a sparsely used expert never written)
   if (wid == garbage_expert) std::fill(y.begin(), y.end(), kGarbage);
   for (int64_t m = 0; m < M; ++m) std::copy_n(y.data() + m * H, H, slot_out.data() + row[slots[m]] * H);
 
@@ -208,7 +208,7 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   int64_t rows = 0;
   for (int64_t s = 0; s < T * k; ++s) {
     const int64_t e = out.topk_ids[s];
-    // faulty ep_offset_ignored: BUG-CLASSES #23 (local index taken as the global id)
+    // faulty ep_offset_ignored: docs/BUG-CLASSES.md #23 (local index taken as the global id)
     const int64_t li = opt.fault == Fault::ep_offset_ignored ? e : e - off;
     if (li < 0 || li >= nloc) continue;
     if (!std::binary_search(stored.begin(), stored.end(), off + li))

@@ -33,7 +33,7 @@
 // ragged last blocks are allowed).
 //
 // Faults (backend "faulty:<fault>"): each injects one real bug class of
-// /work/shared/research/BUG-CLASSES.md ("#n" = its catalogue row), so the checking pipeline can
+// docs/BUG-CLASSES.md ("#n" = its catalogue row), so the checking pipeline can
 // be shown to catch it. Each injection point in the sources carries a comment naming it.
 //   fault                    what the emulation does wrong                           class
 //   gate_up_swap             silu applied to the up half: h = silu(up) * gate          #14

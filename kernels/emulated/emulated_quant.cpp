@@ -28,7 +28,7 @@ void decode_e4m3(const uint8_t* codes, int64_t n, float* out) {
 float group_scale_f32(float amax, const QuantRule& r, float* quant_scale) {
   float s;
   if (r.no_eps || r.no_floor) {
-    // faulty zero_group_nan: BUG-CLASSES #1/#2 (no amax floor: an all-zero group gets s = 0);
+    // faulty zero_group_nan: docs/BUG-CLASSES.md #1/#2 (no amax floor: an all-zero group gets s = 0);
     // also the recipe act_scale_floor = none, whose zero groups quantize_row guards.
     s = amax / 448.0f;
   } else {
@@ -40,7 +40,7 @@ float group_scale_f32(float amax, const QuantRule& r, float* quant_scale) {
   // ue8m0: the smallest power of two >= s (>= 2^-127; a zero scale of the fault stays 0).
   if (r.format == ScaleFormat::ue8m0 && s != 0.0f) sq = static_cast<float>(ue8m0_decode(ue8m0_encode_ceil(s)));
   *quant_scale = sq;
-  // faulty ue8m0_mismatch: BUG-CLASSES #9 (quantized with the ue8m0 scale, dequantized with fp32)
+  // faulty ue8m0_mismatch: docs/BUG-CLASSES.md #9 (quantized with the ue8m0 scale, dequantized with fp32)
   return r.ue8m0_mismatch ? s : sq;
 }
 

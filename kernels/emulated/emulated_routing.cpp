@@ -43,9 +43,9 @@ void token_scores(const MoeConfig& c, const float* l, const float* bias, Fault f
       for (int64_t e = 0; e < E; ++e) {
         gate[e] = sigmoid_f32(l[e]);
         sel[e] = gate[e];
-        // faulty bias_ignored: BUG-CLASSES #17 (bias missing from the selection)
+        // faulty bias_ignored: docs/BUG-CLASSES.md #17 (bias missing from the selection)
         if (bias && fault != Fault::bias_ignored) {
-          // faulty bias_bf16: BUG-CLASSES #17 (bias handed over in bf16)
+          // faulty bias_bf16: docs/BUG-CLASSES.md #17 (bias handed over in bf16)
           const float b = fault == Fault::bias_bf16 ? bf16_round(bias[e]) : bias[e];
           sel[e] = gate[e] + b;
         }
@@ -91,7 +91,7 @@ void exclude_groups(const MoeConfig& c, float* sel, Fault fault, std::vector<flo
   }
   std::fill(gtaken.begin(), gtaken.end(), 0);
   for (int64_t i = 0; i < c.topk_group; ++i) gtaken[arg_max(gscore.data(), gtaken, 0, G)] = 1;
-  // faulty group_mask_zero: BUG-CLASSES #19 (masked groups filled with 0 instead of -inf)
+  // faulty group_mask_zero: docs/BUG-CLASSES.md #19 (masked groups filled with 0 instead of -inf)
   const float excluded = fault == Fault::group_mask_zero ? 0.0f : -std::numeric_limits<float>::infinity();
   for (int64_t g = 0; g < G; ++g)
     if (!gtaken[g])
@@ -127,11 +127,11 @@ RoutingF32 route_f32(const MoeConfig& c, const float* logits, const float* bias,
     float* w = r.weights.data() + t * k;
     for (int64_t j = 0; j < k; ++j) {
       w[j] = gate[ids[j]];
-      // faulty no_renormalize: BUG-CLASSES §1.1 "Routing formula" (weights not renormalized)
+      // faulty no_renormalize: docs/BUG-CLASSES.md §1.1 "Routing formula" (weights not renormalized)
       if (renormalizes(c.routing) && fault != Fault::no_renormalize) w[j] = w[j] / sum;
-      // faulty scaling_factor_missing: BUG-CLASSES #16 (rsf not multiplied)
+      // faulty scaling_factor_missing: docs/BUG-CLASSES.md #16 (rsf not multiplied)
       if (fault != Fault::scaling_factor_missing) w[j] = w[j] * rsf;
-      // faulty scaling_factor_twice: BUG-CLASSES #16 (rsf applied again in the epilogue)
+      // faulty scaling_factor_twice: docs/BUG-CLASSES.md #16 (rsf applied again in the epilogue)
       if (fault == Fault::scaling_factor_twice) w[j] = w[j] * rsf;
       if (c.routing_weight_dtype == Precision::bf16) w[j] = bf16_round(w[j]);
     }
