@@ -88,8 +88,10 @@ CaseProblem::CaseProblem(const std::string& path) : reader_(std::make_unique<Cas
   };
 }
 
-std::string CaseProblem::input_hash() const {
-  Hash64 h;
+std::string CaseProblem::input_hash() const { return input_hashes().combined; }
+
+CaseProblem::InputHashes CaseProblem::input_hashes() const {
+  Hash64 h, hc, hx, hl, hb, hw;
   const MoeConfig& c = config();
   h.str("moecheck.case.inputs.v1");
   const int64_t ints[] = {c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, int64_t(c.routing),
@@ -99,6 +101,9 @@ std::string CaseProblem::input_hash() const {
   h.bytes(ints, sizeof ints);
   h.bytes(&c.routed_scaling_factor, sizeof(double));
   h.bytes(&c.act_eps, sizeof(double));
+  hc.bytes(ints, sizeof ints);
+  hc.bytes(&c.routed_scaling_factor, sizeof(double));
+  hc.bytes(&c.act_eps, sizeof(double));
   // The recipe enters the hash only when it is not the default, so the stored references of
   // cases written before recipes existed stay current.
   if (!c.recipe.is_default()) {
@@ -107,14 +112,24 @@ std::string CaseProblem::input_hash() const {
                           int64_t(r.expert_output_dtype), int64_t(r.silu_dtype)};
     h.str("recipe");
     h.bytes(rc, sizeof rc);
+    hc.bytes(rc, sizeof rc);
   }
   h.vec(hidden_), h.vec(logits_), h.vec(bias_), h.vec(fp8_.codes), h.vec(fp8_.scales);
+  hx.vec(hidden_), hx.vec(fp8_.codes), hx.vec(fp8_.scales), hl.vec(logits_), hb.vec(bias_);
   for (int64_t e : reader_->expert_ids()) {
     const ExpertWeights w = reader_->read_expert(e);
     h.bytes(&e, sizeof e);
     h.vec(w.w13), h.vec(w.w13_scale), h.vec(w.w2), h.vec(w.w2_scale);
+    hw.bytes(&e, sizeof e);
+    hw.vec(w.w13), hw.vec(w.w13_scale), hw.vec(w.w2), hw.vec(w.w2_scale);
   }
-  return fmt::format("{:016x}", h.digest());
+  auto hex = [](Hash64& x) { return fmt::format("{:016x}", x.digest()); };
+  return {hex(h),
+          {{"/config", hex(hc)},
+           {"/inputs/hidden_states", hex(hx)},
+           {"/inputs/router_logits", hex(hl)},
+           {"/inputs/routing_bias", hex(hb)},
+           {"/weights", hex(hw)}}};
 }
 
 }  // namespace moecheck

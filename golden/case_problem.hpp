@@ -3,6 +3,7 @@
 // the hash of everything the reference reads (so a stored reference can be recognised as stale).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,14 @@ class CaseProblem {
   // the engine's FP8 activations), router logits, bias, and every stored expert's weights and
   // scales in expert-id order. Reads the weights once, expert by expert.
   std::string input_hash() const;
+  // The same pass, also per part: the combined hash above, and one per input the reference reads
+  // ("/config", "/inputs/hidden_states" (with the engine's FP8 activations), "/inputs/router_logits",
+  // "/inputs/routing_bias", "/weights"), so a changed input can be named.
+  struct InputHashes {
+    std::string combined;
+    std::map<std::string, std::string> parts;
+  };
+  InputHashes input_hashes() const;
 
  private:
   std::unique_ptr<CaseReader> reader_;

@@ -7,7 +7,7 @@ find_program(MOECHECK_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(MOECHECK_PYTHON3 NAMES python3)
 
 # capture_<name>: the unittest cases whose name contains <pattern> (unittest -k).
-foreach(pair e4m3_codec:E4m3Codec within_budget:within_budget broken_engines:broken_engines bad_inputs:no_file recipe_presets:recipe_presets)
+foreach(pair e4m3_codec:E4m3Codec within_budget:within_budget broken_engines:broken_engines bad_inputs:no_file recipe_presets:recipe_presets inputs_changed:InputsChanged)
   string(REPLACE ":" ";" pair ${pair})
   list(GET pair 0 name)
   list(GET pair 1 pattern)

@@ -76,6 +76,24 @@ BackendOutput run_backend(const CaseProblem& cp, const std::string& name, bool e
 #endif
 }
 
+void record_input_hashes(const CaseProblem::InputHashes& h, OutputData& d) {
+  d.attributes["input_hash"] = h.combined;
+  for (const auto& [part, hash] : h.parts) d.attributes["input_hash:" + part] = hash;
+}
+
+void check_input_hashes(const CaseProblem::InputHashes& h, const OutputInfo& out, const std::string& path) {
+  const auto it = out.attributes.find("input_hash");
+  if (it == out.attributes.end() || it->second == h.combined) return;  // none recorded (an engine's capture), or same
+  std::string changed;
+  for (const auto& [part, hash] : h.parts) {
+    const auto p = out.attributes.find("input_hash:" + part);
+    if (p != out.attributes.end() && p->second != hash) changed += (changed.empty() ? "" : ", ") + part;
+  }
+  if (changed.empty()) changed = "the inputs";
+  throw InputError(path, "/outputs/" + out.name + "@input_hash",
+                   changed + " changed since this output was recorded: run the backend again on the case as it is");
+}
+
 OutputData to_output_data(const BackendOutput& r) {
   OutputData d;
   d.attributes["backend"] = r.backend;

@@ -37,6 +37,12 @@ BackendOutput run_backend(const CaseProblem& cp, const std::string& backend, boo
 // The /outputs/<name> record of a run: bf16 output, ids, weights, expert outputs, and the
 // attributes backend, device, created (UTC), tool_version and budget_model.
 OutputData to_output_data(const BackendOutput& r);
+// The hashes of the inputs an output was computed from, as its attributes input_hash (the
+// combined hash of CaseProblem::input_hash) and input_hash:<part> per input (golden/FORMAT.md).
+void record_input_hashes(const CaseProblem::InputHashes& h, OutputData& d);
+// compare's check: an output that records input hashes must have been computed from the case's
+// present inputs; otherwise InputError(path, "/outputs/<name>@input_hash", naming what changed).
+void check_input_hashes(const CaseProblem::InputHashes& h, const OutputInfo& out, const std::string& path);
 
 // Whether the GPU backends can run here, and why not (a CPU-only build says so).
 struct GpuAvailability {

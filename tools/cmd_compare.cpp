@@ -14,6 +14,7 @@
 
 #include "golden/case_problem.hpp"
 #include "reference/moe_compare.hpp"
+#include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/reference_store.hpp"
@@ -77,7 +78,9 @@ void register_compare(CLI::App& app) {
       by_model[m].push_back(i);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string hash = cp.input_hash();
+    const CaseProblem::InputHashes hashes = cp.input_hashes();
+    const std::string& hash = hashes.combined;
+    for (const OutputInfo& out : outputs) check_input_hashes(hashes, out, r.path());
     std::vector<CompareResult> results(outputs.size());
     std::vector<std::vector<float>> observed(outputs.size());
     std::string models;

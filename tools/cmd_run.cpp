@@ -38,7 +38,9 @@ void register_run(CLI::App& app) {
       throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     const CaseProblem cp(o->path);
     const BackendOutput r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
-    add_output_to_case(o->path, name, to_output_data(r), o->out);
+    OutputData d = to_output_data(r);
+    record_input_hashes(cp.input_hashes(), d);
+    add_output_to_case(o->path, name, d, o->out);
     std::cerr << fmt::format("moecheck: /outputs/{} recorded in {} (backend {}, device {})\n", name,
                              o->out.empty() ? o->path : o->out, r.backend, r.device);
     return kExitOk;

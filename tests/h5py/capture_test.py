@@ -274,6 +274,29 @@ class Capture(unittest.TestCase):
         self.assertEqual([p for p in os.listdir(self.dir) if p.startswith("interrupted")], [])
 
 
+class InputsChanged(unittest.TestCase):
+    """An output recorded by `moecheck run` carries the hashes of the inputs it was computed from;
+    compare refuses it (exit 2, naming the changed dataset) once an input is edited."""
+
+    def test_compare_refuses_an_output_whose_inputs_changed(self):
+        with tempfile.TemporaryDirectory(prefix="moecheck-inputs-") as d:
+            case = Path(d) / "c.h5"
+            self.assertEqual(moecheck("make-case", "--preset", "tiny-qwen", "--tokens", "4", "--seed", "7", "-o", case)[0], 0)
+            self.assertEqual(moecheck("run", case, "--backend", "emulated")[0], 0)
+            self.assertEqual(moecheck("compare", case, "-q")[0], 0)
+            for dataset in ("inputs/router_logits", "weights/w2_scale"):
+                edited = Path(d) / (dataset.replace("/", "_") + ".h5")
+                edited.write_bytes(case.read_bytes())
+                with h5py.File(edited, "r+") as f:
+                    a = f[dataset][...]
+                    a.flat[0] = a.flat[0] * 2 if a.flat[0] != 0 else 1
+                    f[dataset][...] = a
+                rc, text = moecheck("compare", edited, "-q")
+                self.assertEqual(rc, 2, text)
+                self.assertIn("/outputs/emulated@input_hash", text)
+                self.assertIn("/" + dataset.split("/")[0] if dataset.startswith("weights") else "/" + dataset, text)
+
+
 def main():
     global MOECHECK
     argv = sys.argv[1:]
