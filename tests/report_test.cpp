@@ -260,6 +260,29 @@ TEST(ReportHtml, StructureEscapingAndCharts) {
   EXPECT_EQ(report::render_html(ctx, {evil}), report::render_html(ctx, {evil})) << "deterministic";
 }
 
+// The bar chart of a broken output: ratios of 1e25 do not push the budget line (ratio 1) below
+// the axis, and an expert blamed by its tokens in a combined-output-only run is drawn over
+// budget even when its own max ratio reads <= 1.
+TEST(ReportHtml, BarsKeepTheBudgetLineAndColourBlamedExperts) {
+  CompareResult r = failing_result();
+  r.experts[0].max_ratio = 1e25;                      // far over (expert 117 sorts first)
+  ExpertVerdict& quiet = r.experts.back();
+  quiet.max_ratio = 0.5, quiet.blamed = true, quiet.pass = false;
+  const std::string h = report::render_html(context(), {r});
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(h, m, std::regex("y1='([0-9.]+)' x2='[0-9.]+' y2='[0-9.]+' class='budget-line'")));
+  const double y = std::stod(m[1]);
+  EXPECT_GT(y, 34.0) << "the budget line sits below the plot's top";
+  EXPECT_LT(y, 250.0) << "the budget line sits above the plot's floor, not on it";
+  auto fill_of = [&](int64_t expert) {
+    std::smatch f;
+    const std::regex re("data-expert='" + std::to_string(expert) + "'[^>]*fill='([^']+)'");
+    return std::regex_search(h, f, re) ? f[1].str() : std::string();
+  };
+  EXPECT_EQ(fill_of(quiet.expert), fill_of(r.experts[0].expert)) << "a blamed expert is drawn over budget";
+  EXPECT_NE(fill_of(quiet.expert), fill_of(r.experts[5].expert)) << "and unlike a passing one";
+}
+
 // The 512-token, 7168-column case of the brief: <= 4000 scatter points, <= 256 heatmap rows,
 // and a page under 2 MB.
 TEST(ReportHtml, LargeCaseStaysSmall) {

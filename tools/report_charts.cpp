@@ -100,11 +100,14 @@ std::string expert_bars_svg(const CompareResult& r) {
   std::string s = svg_open("bars", W, H, "max ratio per expert of output " + r.name);
   if (ex.empty())
     return s + "<text x='20' y='40'>no local expert received a token</text></svg>";
+  // The axis always holds the budget line (ratio 1): ratios above kTop are drawn full height (a
+  // broken output reaches 1e25, which would otherwise push ratio 1 below the axis's floor).
+  constexpr double kTop = 1e8;
   double vmin = 1e-2, vmax = 10;
-  bool any_inf = false;
+  bool any_top = false;
   for (auto* v : ex) {
     const double m = std::isnan(v->max_ratio) ? kInf : v->max_ratio;
-    if (std::isinf(m)) any_inf = true;
+    if (!(m <= kTop)) any_top = true;
     else if (m > 0) vmin = std::min(vmin, m), vmax = std::max(vmax, m);
   }
   const LogAxis ya = make_axis(vmin, vmax, H - B, T, 3, 10);
@@ -116,8 +119,10 @@ std::string expert_bars_svg(const CompareResult& r) {
   for (size_t i = 0; i < ex.size(); ++i) {
     const ExpertVerdict& v = *ex[i];
     const double m = std::isnan(v.max_ratio) ? kInf : v.max_ratio;
-    const double x = x0 + i * bw + gap / 2, y = std::isinf(m) ? T : ya.pos(m), bh = (H - B) - y;
-    const bool over = !(m <= 1.0);
+    const double x = x0 + i * bw + gap / 2, y = !(m <= kTop) ? T : ya.pos(m), bh = (H - B) - y;
+    // Over budget: an element over 1, or failures attributed to it (a combined-output-only run
+    // blames an expert by its tokens, whose max ratio may still read <= 1 on its own slots).
+    const bool over = !(m <= 1.0) || v.blamed;
     s += fmt::format("<rect class='bar' data-expert='{}' x='{}' y='{}' width='{}' height='{}' fill='{}'><title>expert {}: "
                      "max ratio {}, bias {}, energy {}, {}</title></rect>",
                      v.expert, f1(x), f1(y), f1(std::max(bw - gap, 0.6)), f1(std::max(bh, 0.0)),
@@ -147,7 +152,7 @@ std::string expert_bars_svg(const CompareResult& r) {
                    "1</text><rect x='{}' y='4' width='10' height='10' fill='{}'/><text x='{}' y='13'>over budget{}</text>"
                    "<path d='M{} 5h9l-4.5 9z' fill='{}'/><text x='{}' y='13'>bias test failed</text><rect x='{}' y='7' "
                    "width='9' height='5' fill='{}'/><text x='{}' y='13'>energy test failed</text></g>",
-                   L, kOkColor, L + 14, L + 90, kOverColor, L + 104, any_inf ? " (full height: infinite)" : "",
+                   L, kOkColor, L + 14, L + 90, kOverColor, L + 104, any_top ? " (full height: above 1e8 or infinite)" : "",
                    L + 300, kBiasColor, L + 313, L + 430, kEnergyColor, L + 443);
   return s + "</svg>";
 }
