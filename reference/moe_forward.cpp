@@ -101,10 +101,10 @@ struct TruncationProduct {
   Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
   std::vector<double>* walign = nullptr;  // buffer for the double path's A(w) panel
 };
-// The squares product is evaluated in float32 (a variance needs a few digits; float halves the
-// GEMM's cost): the input converted once per call into `in`, the squared weights per panel into
-// `panel`, the product into `out` before it is widened into the double result.
-struct SquaresBuffers {
+// The float32 products (the squares of the noise model, the re-quantization direction: each needs
+// a few digits; float halves the GEMM's cost): the input converted once per call into `in`, the
+// panel's (squared) weights into `panel`, the product into `out` before it is widened.
+struct Float32Buffers {
   std::vector<float> panel, in, out;
 };
 struct PanelExtras {
@@ -118,14 +118,14 @@ struct PanelExtras {
   // sq: out = in * (W o W)^T, the sums of squares of the noise model (BUDGETS.md §10.2), through
   // the float32 buffers sq_buf.
   AbsProduct sq{};
-  SquaresBuffers* sq_buf = nullptr;
+  Float32Buffers* sq_buf = nullptr;
   // lin: out = in * W^T in float32 through lin_buf (the re-quantization direction, §10.7: a test
   // direction needs a few digits, as a variance does).
   AbsProduct lin{};
-  SquaresBuffers* lin_buf = nullptr;
+  Float32Buffers* lin_buf = nullptr;
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
-  void add_sq(const RowMat* in, RowMat* out, SquaresBuffers* buf) { sq = {in, out}, sq_buf = buf; }
-  void add_lin(const RowMat* in, RowMat* out, SquaresBuffers* buf) { lin = {in, out}, lin_buf = buf; }
+  void add_sq(const RowMat* in, RowMat* out, Float32Buffers* buf) { sq = {in, out}, sq_buf = buf; }
+  void add_lin(const RowMat* in, RowMat* out, Float32Buffers* buf) { lin = {in, out}, lin_buf = buf; }
 };
 
 // out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
@@ -149,7 +149,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
   // The float32 products: the input converted once, the panel per panel, the output widened.
-  auto prepare_f32 = [&](const AbsProduct& x, SquaresBuffers* b) {
+  auto prepare_f32 = [&](const AbsProduct& x, Float32Buffers* b) {
     if (!x.in) return;
     x.out->resize(x.in->rows(), N);
     b->panel.resize(panel.size());
@@ -157,7 +157,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     b->out.resize(size_t(x.in->rows() * kPanelRows));
     Eigen::Map<RowMatF>(b->in.data(), x.in->rows(), K) = x.in->cast<float>();
   };
-  auto product_f32 = [&](const AbsProduct& x, SquaresBuffers* b, int64_t r0, int64_t nr) {
+  auto product_f32 = [&](const AbsProduct& x, Float32Buffers* b, int64_t r0, int64_t nr) {
     Eigen::Map<RowMatF> o(b->out.data(), x.in->rows(), nr);
     o.noalias() = Eigen::Map<const RowMatF>(b->in.data(), x.in->rows(), K) *
                   Eigen::Map<const RowMatF>(b->panel.data(), nr, K).transpose();
@@ -243,9 +243,9 @@ struct Scratch {
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
   std::vector<double> panel, lut, abs_panel, tscratch;
-  SquaresBuffers sq_buf;  // noise model: the squares products in float32
+  Float32Buffers sq_buf;  // noise model: the squares products in float32
   RowMat hq, rq, hmean, hmb, hfv;  // re-quantization test (§10.7): h_deq - h [n, I], its GEMM2 [n, H], RequantMoments
-  SquaresBuffers lin_buf;
+  Float32Buffers lin_buf;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -466,9 +466,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // §10.7: what the re-quantization changed, the direction a skipped one shows up along.
       if (requant)
         for (int64_t i = 0; i < I; ++i) s.hq(r, i) = hr[i] - double(s.hrow[i]);
-      for (int64_t i = 0; i < I; ++i) hv[i] += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
-      if (requant)
-        for (int64_t i = 0; i < I; ++i) s.hfv(r, i) += (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
+      for (int64_t i = 0; i < I; ++i) {
+        const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
+        hv[i] += promotion;
+        if (requant) s.hfv(r, i) += promotion;
+      }
     }
     if (budget && bc.chunked) {
       // Alignment floors of h (truncation_bound.hpp): 2^-6 of the largest scale the device may

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "golden/case_generator.hpp"
 #include "kernels/emulated/emulated_moe.hpp"
@@ -80,17 +81,23 @@ std::string short_named(const CompareResult& r) {
 
 const char* miss(bool familiar_pass) { return familiar_pass ? "**missed**" : "caught"; }
 
+// The bug case run on `backend` and judged with its default model; no result: the backend threw.
+std::optional<CompareResult> judge_bug_case(const std::string& file, const std::string& backend, int64_t thr) {
+  CheckOptions k;
+  k.backend = backend;
+  k.int32_threshold = thr;
+  CheckOutcome out = check_case(file, k);
+  if (out.status == CheckStatus::input_error) throw InputError(file, "", out.reason);
+  if (out.results.empty()) return std::nullopt;
+  return std::move(out.results.front());
+}
+
 // The bug case judged as an FP8 tensor-core output: faulty:<fault>@hopper, default model hopper.
 std::string under_hopper(const std::string& file, const std::string& backend, int64_t thr) {
-  CheckOptions k;
-  k.backend = backend + "@hopper";
-  k.int32_threshold = thr;
-  const CheckOutcome out = check_case(file, k);
-  if (out.status == CheckStatus::input_error) throw InputError(file, "", out.reason);
-  if (out.results.empty()) return "caught: the backend threw";
-  const CompareResult& r = out.results.front();
-  if (r.checks_failed == 0 && r.power.vacuous) return "VACUOUS";
-  return r.pass ? "**missed**" : "caught";
+  const std::optional<CompareResult> r = judge_bug_case(file, backend + "@hopper", thr);
+  if (!r) return "caught: the backend threw";
+  if (r->checks_failed == 0 && r->power.vacuous) return "VACUOUS";
+  return r->pass ? "**missed**" : "caught";
 }
 
 }  // namespace
@@ -168,17 +175,11 @@ void register_faults(CLI::App& app) {
           for (const OutputInfo& oi : rd.outputs())
             if (oi.attributes.count("int32_threshold")) thr = std::stoll(oi.attributes.at("int32_threshold"));
         }
-        CheckOptions k;
-        k.backend = be;
-        k.int32_threshold = thr;
-        const CheckOutcome out = check_case(file, k);
-        if (out.status == CheckStatus::input_error) throw InputError(file, "", out.reason);
-        if (!out.results.empty()) {
-          const CompareResult& r = out.results.front();
-          bug = short_named(r);
-          const FamiliarMetrics& m = r.metrics;
+        if (const std::optional<CompareResult> r = judge_bug_case(file, be, thr)) {
+          bug = short_named(*r);
+          const FamiliarMetrics& m = r->metrics;
           cols[0] = miss(m.deepgemm_pass), cols[1] = miss(m.sglang_pass), cols[2] = miss(m.vllm_pass), cols[3] = miss(m.nmse_pass);
-          ok = ok && !r.pass;
+          ok = ok && !r->pass;
         } else {
           bug = "caught: the backend threw";
         }
