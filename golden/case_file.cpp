@@ -7,6 +7,7 @@
 #include "golden/case_file.hpp"
 #include "golden/case_groups.hpp"
 #include "golden/hdf5_io.hpp"
+#include "golden/interrupt.hpp"
 
 namespace moecheck {
 
@@ -25,6 +26,7 @@ void update_case(const std::string& case_path, const std::string& out_path, F&& 
   }
   const std::string target = out_path.empty() ? case_path : out_path;
   const std::string tmp = groups::temporary_for(target);
+  interrupt::ScratchPath scratch(tmp);
   try {
     std::error_code ec;
     std::filesystem::copy_file(case_path, tmp, std::filesystem::copy_options::overwrite_existing, ec);
@@ -37,6 +39,7 @@ void update_case(const std::string& case_path, const std::string& out_path, F&& 
     const CaseReader check(tmp);
     std::filesystem::rename(tmp, target, ec);
     if (ec) throw InputError(target, "", "cannot write: " + ec.message());
+    scratch.release();
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);

@@ -10,12 +10,14 @@
 #include "golden/case_groups.hpp"
 #include "golden/case_layout.hpp"
 #include "golden/hdf5_io.hpp"
+#include "golden/interrupt.hpp"
 #include "reference/fp8_quant.hpp"
 
 namespace moecheck {
 
 struct CaseWriter::Impl {
   std::string path, tmp;
+  std::optional<interrupt::ScratchPath> scratch;  // tmp, removed if the process is interrupted
   CaseHeader h;
   int64_t stored = 0;
   std::unique_ptr<H5::H5File> file;
@@ -89,6 +91,7 @@ CaseWriter::CaseWriter(std::string path, CaseHeader header) : impl_(std::make_un
   m.stored = ids.empty() ? local : int64_t(ids.size());
   m.expert_written.assign(size_t(m.stored), false);
   m.tmp = groups::temporary_for(m.path);
+  m.scratch.emplace(m.tmp);
   try {
     h5::guard(m.path, "", [&] { m.create(); });
   } catch (...) {
@@ -250,6 +253,7 @@ void CaseWriter::commit() {
   std::error_code ec;
   std::filesystem::rename(m.tmp, m.path, ec);
   if (ec) throw InputError(m.path, "", "cannot write: " + ec.message());
+  m.scratch->release();
   m.committed = true;
 }
 

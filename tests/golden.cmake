@@ -29,3 +29,6 @@ moecheck_add_test(cli_commands_test SOURCES cli_commands_test.cpp ${golden_suppo
 moecheck_add_test(judge_cli_test SOURCES judge_cli_test.cpp ${golden_support} LABELS cli
                   LIBS nlohmann_json::nlohmann_json)
 add_dependencies(judge_cli_test moecheck)
+# Clean interruption of make-case and gate (SIGINT / SIGTERM).
+moecheck_add_test(interrupt_cli_test SOURCES interrupt_cli_test.cpp ${golden_support} LABELS cli)
+add_dependencies(interrupt_cli_test moecheck)

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "reference/fp8_quant.hpp"
 
@@ -151,6 +154,12 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 RunResult run_process(const std::vector<std::string>& argv) {
+  return run_process_interrupted(argv, 0, nullptr, nullptr);
+}
+
+RunResult run_process_interrupted(const std::vector<std::string>& argv, int sig,
+                                  const std::function<bool(const std::string& out)>& ready, bool* sent,
+                                  double timeout_s) {
   if (argv.empty()) throw std::invalid_argument("run_process: empty argv");
   TempDir io("run");
   const std::string out = io.file("stdout"), err = io.file("stderr");
@@ -171,7 +180,24 @@ RunResult run_process(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  bool ended = false;
+  if (sent) *sent = false;
+  if (ready) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!(ended = ::waitpid(pid, &status, WNOHANG) == pid)) {
+      if (ready(slurp(out))) {
+        ::kill(pid, sig);
+        if (sent) *sent = true;
+        break;
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+        ::kill(pid, SIGKILL);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  if (!ended) ::waitpid(pid, &status, 0);
   RunResult r;
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);

@@ -67,6 +67,11 @@ struct RunResult {
 };
 // Runs argv[0] (a path) with its arguments, capturing stdout and stderr.
 RunResult run_process(const std::vector<std::string>& argv);
+// The same, sent `sig` once ready(stdout so far) holds (polled every 5 ms); `sent` says whether
+// the signal went out before the process ended or timeout_s passed.
+RunResult run_process_interrupted(const std::vector<std::string>& argv, int sig,
+                                  const std::function<bool(const std::string& out)>& ready, bool* sent,
+                                  double timeout_s = 120);
 
 // The built moecheck binary run with these arguments.
 RunResult run_moecheck(std::vector<std::string> args);

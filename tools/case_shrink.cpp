@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "golden/case_file.hpp"
+#include "golden/interrupt.hpp"
 #include "reference/moe_routing.hpp"
 #include "tools/backend_run.hpp"
 
@@ -237,6 +238,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   namespace fs = std::filesystem;
   const fs::path dir = opt.work_dir.empty() ? fs::absolute(out_path).parent_path() : fs::path(opt.work_dir);
   const std::string tmp = (dir / fmt::format(".shrink-candidate.{}.h5", getpid())).string();
+  const interrupt::ScratchPath scratch(tmp);
   CheckOutcome last = res.initial;
   // Does the candidate still fail the same way? Written, checked, kept in `cur` when it does.
   auto attempt = [&](const CaseData& cand, const std::string& what) {

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "golden/case_generator.hpp"
+#include "golden/interrupt.hpp"
 #include "kernels/emulated/emulated_moe.hpp"
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
@@ -127,8 +128,10 @@ void register_faults(CLI::App& app) {
     // The sweep: one case, one reference, every backend.
     std::string tmpl = (fs::temp_directory_path() / "moecheck-faults-XXXXXX").string();
     if (o->cases > 0 && !mkdtemp(tmpl.data())) throw InputError(tmpl, "", "cannot create a temporary directory");
+    const interrupt::ScratchPath work_dir(tmpl);  // registered once mkdtemp has chosen the name
     const std::vector<std::string> presets = default_sweep_presets(false);
     for (int64_t i = 0; i < o->cases; ++i) {
+      interrupt::set_stage(fmt::format("faults: sweep case {} of {} (seed {})", i + 1, o->cases, o->seed));
       const GeneratorOptions g = sweep_case(o->seed, i, presets);
       const std::string path = (fs::path(tmpl) / fmt::format("case-{}.h5", i)).string();
       write_case(plan_case(g, path), path);

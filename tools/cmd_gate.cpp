@@ -24,9 +24,11 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "golden/case_generator.hpp"
+#include "golden/interrupt.hpp"
 #include "golden/model_presets.hpp"
 #include "kernels/emulated/emulated_moe.hpp"
 #include "tools/backend_run.hpp"
@@ -182,6 +184,11 @@ int run_gate(GateOptions& o) {
     fs::create_directories(work, ec);
     if (ec) throw InputError(work, "--work-dir", "cannot create the directory: " + ec.message());
   }
+  // Interrupted, the gate removes its own work directory unless --keep or until it holds a
+  // failing case, and always the case in flight (not yet judged).
+  std::optional<interrupt::ScratchPath> work_scratch;
+  if (own_dir && !o.keep) work_scratch.emplace(work);
+  std::cout << fmt::format("gate: work directory {}\n", work) << std::flush;
   const std::string shrink_dir = o.shrink_dir.empty() ? work : o.shrink_dir;
   if (!o.shrink_dir.empty()) fs::create_directories(shrink_dir);
 
@@ -202,6 +209,10 @@ int run_gate(GateOptions& o) {
     const GeneratorOptions g = sweep_case(o.seed, i, presets);
     const std::string path = (fs::path(work) / fmt::format("case-{}.h5", i)).string();
     const std::string make = make_case_command(g, path);
+    interrupt::ScratchPath case_scratch(path);
+    interrupt::set_stage(o.time > 0 ? fmt::format("gate: case {} (seed {})", i, o.seed)
+                                    : fmt::format("gate: case {} ({} of {}, seed {}; {} failed so far)", i, i - first + 1, count,
+                                                  o.seed, failures.size()));
     progress.update(i - first, o.time > 0 ? 0 : count, int64_t(failures.size()),
                     fmt::format("{} T={}", g.preset, g.tokens));
     CheckOptions chk;
@@ -217,6 +228,7 @@ int run_gate(GateOptions& o) {
                                                 : 0;
     }
     const CheckOutcome out = check_case(path, chk);
+    if (out.status != CheckStatus::pass) case_scratch.release(), work_scratch.reset();  // a result: kept
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc0).count();
     ++run;
     const std::vector<std::string> feats = sweep_features(g);

@@ -21,6 +21,7 @@
 
 #include "golden/case_generator.hpp"
 #include "golden/engine_recipes.hpp"
+#include "golden/interrupt.hpp"
 #include "golden/model_presets.hpp"
 #include "tools/cli_common.hpp"
 
@@ -128,15 +129,16 @@ int run_make_case(MakeCaseOptions& o) {
   const bool show = !o.quiet && plan.weight_bytes() > (int64_t(64) << 20);
   const bool tty = isatty(STDERR_FILENO) != 0;
   const int64_t every = tty ? 1 : std::max<int64_t>(1, int64_t(plan.stored.size()) / 20);
-  GeneratorProgress progress;
-  if (show)
-    progress = [&](int64_t done, int64_t total, int64_t expert) {
-      if (done % every && done != total) return;
-      std::fprintf(stderr, "%smake-case: expert %lld/%lld (id %lld), %.0f MiB, %.1f s%s", tty ? "\r" : "",
-                   static_cast<long long>(done), static_cast<long long>(total), static_cast<long long>(expert),
-                   double(done * plan.expert_bytes()) / (1 << 20), seconds(), tty && done != total ? "" : "\n");
-      std::fflush(stderr);
-    };
+  GeneratorProgress progress = [&](int64_t done, int64_t total, int64_t expert) {
+    interrupt::set_stage(fmt::format("make-case: writing {} (expert {} of {} done)", o.out, done, total));
+    if (!show) return;
+    if (done % every && done != total) return;
+    std::fprintf(stderr, "%smake-case: expert %lld/%lld (id %lld), %.0f MiB, %.1f s%s", tty ? "\r" : "",
+                 static_cast<long long>(done), static_cast<long long>(total), static_cast<long long>(expert),
+                 double(done * plan.expert_bytes()) / (1 << 20), seconds(), tty && done != total ? "" : "\n");
+    std::fflush(stderr);
+  };
+  interrupt::set_stage(fmt::format("make-case: writing {}", o.out));
   write_case(plan, o.out, progress);
   if (!o.quiet)
     std::cout << fmt::format("wrote {}: {} tokens, {} experts, {:.1f} MiB of weights, {:.1f} s\n", o.out,

@@ -6,6 +6,7 @@
 #include <map>
 #include <unistd.h>
 
+#include "golden/interrupt.hpp"
 #include "reference/errors.hpp"
 #include "tools/cli_common.hpp"
 
@@ -41,6 +42,7 @@ CLI::Validator output_file() {
 
 int main(int argc, char** argv) {
   using namespace moecheck;
+  interrupt::install();  // before any thread starts (interrupt.hpp)
   try {
     CLI::App app{"moecheck: float64 reference and error budgets for FP8 block-scale MoE layers", "moecheck"};
     app.set_version_flag("--version", std::string("moecheck ") + MOECHECK_VERSION);
@@ -74,7 +76,10 @@ int main(int argc, char** argv) {
       if (next) {
         const auto deeper = next->get_subcommands();
         const auto it = cli::runners().find(next);
-        if (deeper.empty() && it != cli::runners().end()) return it->second();
+        if (deeper.empty() && it != cli::runners().end()) {
+          interrupt::set_stage(sub == &app ? next->get_name() : sub->get_name() + " " + next->get_name());
+          return it->second();
+        }
       }
       sub = next;
     }

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "golden/interrupt.hpp"
 #include "reference/errors.hpp"
 
 namespace moecheck::probe {
@@ -157,11 +159,15 @@ void write_probe_dump(const std::string& dir, uint64_t seed, const std::vector<P
   // One file per instruction form, the families' outputs one after another.
   std::map<std::string, int64_t> offsets;
   std::map<std::string, std::ofstream> files;
+  std::list<interrupt::ScratchPath> scratch;  // the .tmp files until renamed
   for (const ProbeRun& r : runs) {
     const std::string file =
         std::string("probe-") + (r.instruction == kernels::ProbeInstruction::wgmma ? "wgmma" : "mma-sync") + ".bin";
     auto it = files.find(file);
-    if (it == files.end()) it = files.emplace(file, std::ofstream(dir + "/" + file + ".tmp", std::ios::binary)).first;
+    if (it == files.end()) {
+      scratch.emplace_back(dir + "/" + file + ".tmp");
+      it = files.emplace(file, std::ofstream(dir + "/" + file + ".tmp", std::ios::binary)).first;
+    }
     it->second.write(reinterpret_cast<const char*>(r.d.data()), std::streamsize(r.d.size() * sizeof(float)));
     if (!it->second) throw InputError(dir + "/" + file + ".tmp", "", "cannot write the probe dump");
     manifest["runs"].push_back({{"file", file},
@@ -177,6 +183,7 @@ void write_probe_dump(const std::string& dir, uint64_t seed, const std::vector<P
     out.close();
     std::filesystem::rename(dir + "/" + file + ".tmp", dir + "/" + file);
   }
+  for (interrupt::ScratchPath& s : scratch) s.release();
   std::ofstream(dir + "/probe-manifest.json") << manifest.dump(1) << "\n";
 }
 

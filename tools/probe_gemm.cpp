@@ -120,6 +120,7 @@ std::vector<GemmCompositionResult> fit_gemm_composition(const GemmProbeCase& c, 
 
 #include <nlohmann/json.hpp>
 
+#include "golden/interrupt.hpp"
 #include "reference/errors.hpp"
 
 namespace moecheck::probe {
@@ -128,6 +129,7 @@ void write_gemm_dump(const std::string& dir, const std::vector<GemmProbeCase>& c
   std::filesystem::create_directories(dir);
   nlohmann::json j = nlohmann::json::array();
   const std::string bin = dir + "/probe-gemm.bin";
+  interrupt::ScratchPath scratch(bin + ".tmp");
   std::ofstream out(bin + ".tmp", std::ios::binary);
   for (const GemmProbeCase& c : cases) {
     out.write(reinterpret_cast<const char*>(c.d.data()), std::streamsize(c.d.size() * sizeof(float)));
@@ -136,6 +138,7 @@ void write_gemm_dump(const std::string& dir, const std::vector<GemmProbeCase>& c
   out.close();
   if (!out) throw InputError(bin, "", "cannot write the GEMM probe outputs");
   std::filesystem::rename(bin + ".tmp", bin);
+  scratch.release();
   std::ofstream(dir + "/probe-gemm.json") << j.dump(1) << "\n";
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "golden/interrupt.hpp"
 #include "reference/errors.hpp"
 #include "tools/report.hpp"
 
@@ -117,6 +118,7 @@ bool token_worst(const CompareResult& r, int64_t token, double* max_ratio, int64
 void write_file_atomically(const std::string& path, const std::string& content, const std::string& option) {
   namespace fs = std::filesystem;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  interrupt::ScratchPath scratch(tmp);
   auto fail = [&](const std::string& why) {
     std::error_code ec;
     fs::remove(tmp, ec);
@@ -132,6 +134,7 @@ void write_file_atomically(const std::string& path, const std::string& content, 
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) fail("rename " + tmp + " -> " + path + " failed (" + ec.message() + ")");
+  scratch.release();
 }
 
 }  // namespace moecheck::report
