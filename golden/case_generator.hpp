@@ -27,7 +27,7 @@
 
 namespace moecheck {
 
-inline constexpr int kGeneratorVersion = 2;  // bump when any generated value changes
+inline constexpr int kGeneratorVersion = 3;  // bump when any generated value changes
 
 // realistic: outlier channels, heavy tails, zero groups, tiny / huge tokens, block scales over
 //            ~3 decades plus tiny-scale blocks and dead experts (the default);

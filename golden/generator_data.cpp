@@ -88,6 +88,17 @@ int bias_class(const DataSpec& s, const Rates& r, int64_t e) {
   return 0;
 }
 
+// The cold group of a planted distribution with grouped, biased routing (GENERATOR.md "Cold
+// group", docs/BUG-CLASSES.md #19): one group, drawn per seed, whose plain-class experts have
+// biases in [-0.43, -0.03], below -sigmoid(-4), so that the cold token's scores in it are negative
+// (a group the load balancer has pushed down). -1 where there is none.
+int64_t cold_group(const DataSpec& s, const Rates& r) {
+  const MoeConfig& c = s.layer;
+  if (!s.routing_bias || !r.planted || c.routing != RoutingMethod::deepseek_v3 || c.n_group <= 1) return -1;
+  const CounterRng rng{s.seed, kBiasClass};
+  return int64_t(rng.bits((uint64_t(1) << 40) + 2) % uint64_t(c.n_group));
+}
+
 bool is_candidate(const MoeConfig& c, const TokenRouting& r, int64_t e) {
   if (r.kept_groups.empty()) return true;
   const int64_t g = e / (c.num_experts / c.n_group);
@@ -144,6 +155,49 @@ void plant_cold_token(const MoeConfig& c, float* row, const std::vector<float>& 
                    [&](int64_t a, int64_t b) { return positives[size_t(a)] < positives[size_t(b)]; });
   std::fill_n(row, E, kColdLogit);
   for (int64_t i = 0; i < c.topk_group; ++i) row[anchor[size_t(groups[size_t(i)])]] = 8.0f;
+}
+
+// sigmoid(x) from portable_exp: the generator's stored values may not depend on libm.
+double portable_sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + portable_exp(-x));
+  const double e = portable_exp(x);
+  return e / (1.0 + e);
+}
+
+constexpr int64_t kBiasRoundToken = 4;
+
+// Token 4 of a planted distribution with a float32 routing bias (GENERATOR.md "Bias-rounding
+// token", docs/BUG-CLASSES.md #17): among the rejected candidates b, the one whose bias moves up
+// the most relative to the last chosen expert a's when both are rounded to bf16 (d = (bf16(b_b) -
+// b_b) - (bf16(b_a) - b_a) > 0) gets the logit that puts its biased score d/2 below a's. Routing
+// with the float32 bias still rejects b (by d/2, far beyond the float32 roundoff of the scores);
+// routing with the bias rounded to bf16 chooses b over a. Nothing is planted where no candidate
+// has d > 0 (a bias already bf16-exact) or the needed sigmoid is outside [0.01, 0.99].
+void plant_bias_rounding(const MoeConfig& c, float* row, const std::vector<float>& bias) {
+  const TokenRouting r = route_token(c, row, bias.data());
+  const int64_t k = c.top_k, E = c.num_experts, a = r.ids[size_t(k - 1)];
+  auto shift = [&](int64_t e) { return double(bf16_round(bias[size_t(e)])) - double(bias[size_t(e)]); };
+  const double sel_a = portable_sigmoid(double(row[a])) + double(bias[size_t(a)]);
+  int64_t pick = -1;
+  double best = 0x1p-14, target = 0;  // d/2 >= 2^-15: beyond the near-tie tolerance (BUDGETS.md §6)
+  for (int64_t e = 0; e < E; ++e) {
+    if (!is_candidate(c, r, e) || std::find(r.ids.begin(), r.ids.end(), int32_t(e)) != r.ids.end()) continue;
+    const double d = shift(e) - shift(a), g = sel_a - double(bias[size_t(e)]) - d / 2;
+    if (d > best && g >= 0.01 && g <= 0.99) pick = e, best = d, target = g;
+  }
+  if (pick < 0) return;
+  const float before = row[pick];
+  row[pick] = fl32(portable_log(target / (1 - target)));
+  // Kept only where the two roundings of the bias really disagree on this token.
+  std::vector<float> rounded(bias);
+  for (float& v : rounded) v = bf16_round(v);
+  const TokenRouting f32 = route_token(c, row, bias.data()), b16 = route_token(c, row, rounded.data());
+  auto has = [](const TokenRouting& t, int64_t e) { return std::find(t.ids.begin(), t.ids.end(), int32_t(e)) != t.ids.end(); };
+  if (has(f32, pick) || !has(b16, pick)) row[pick] = before;
+}
+
+bool has_bias_rounding_token(const DataSpec& s, const std::vector<float>& bias) {
+  return rates_of(s.dist).planted && !bias.empty() && s.bias_dtype == Precision::f32 && s.layer.top_k < s.layer.num_experts;
 }
 
 bool has_cold_token(const DataSpec& s, const std::vector<float>& bias) {
@@ -217,11 +271,14 @@ std::vector<float> routing_bias(const DataSpec& s) {
   const Rates r = rates_of(s.dist);
   const int64_t E = s.layer.num_experts;
   const CounterRng n{s.seed, kBias};
+  const int64_t cold = cold_group(s, r);
   std::vector<float> b(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     const double z = n.normal(uint64_t(s.near_ties ? (e & ~int64_t(1)) : e));
     double v = 0.1 * z;                                 // N(0, 0.1): DeepSeek-V3-like magnitudes
     const int cls = bias_class(s, r, e);
+    const int64_t src = s.near_ties ? (e & ~int64_t(1)) : e;
+    if (cls == 0 && cold >= 0 && src / (E / s.layer.n_group) == cold) v = -0.03 - std::min(std::fabs(z), 4.0) * 0.1;
     if (cls == 1) v = -1.0 - std::min(std::fabs(z), 4.0) * 0.25;  // [-2, -1]: sigmoid + bias < 0
     if (cls == 2) v = 12.0 + 0.1 * z;                   // GLM-5.2-like (docs/BUG-CLASSES.md #18)
     b[size_t(e)] = s.bias_dtype == Precision::bf16 ? bf16_round(v) : fl32(v);
@@ -246,6 +303,7 @@ std::vector<float> router_logits(const DataSpec& s, int64_t T, const std::vector
     fill_normals(n, uint64_t(t * E), size_t(E), z.data());
     for (int64_t e = 0; e < E; ++e) row[e] = zero_row ? 0.0f : fl32(z[size_t(e)] + offset[size_t(e)]);
     if (s.near_ties && !zero_row && (t % 4 == 1 || t % 4 == 3)) plant_tie(s, t, row, bias);
+    if (t == kBiasRoundToken && has_bias_rounding_token(s, bias)) plant_bias_rounding(s.layer, row, bias);
     if (t == kColdToken && has_cold_token(s, bias)) plant_cold_token(s.layer, row, bias);
   }
   return l;

@@ -25,7 +25,7 @@ enum Stream : uint64_t {
   kLogits = 10,        // normal   [t*E + e]
   kExpertOffset = 11,  // normal   [e]
   kBias = 12,          // normal   [e]
-  kBiasClass = 13,     // uniform  [e]
+  kBiasClass = 13,     // uniform  [e]; bits [2^40], [2^40 + 1], [2^40 + 2]
   kGate = 20,          // normal   [(e*I + i)*H + h]  (i: full-layer gate row)
   kUp = 21,            // normal   [(e*I + i)*H + h]
   kDown = 22,          // normal   [(e*H + h)*I + i]  (i: full-layer column)

@@ -59,6 +59,18 @@ double portable_log(double x) {
   return static_cast<double>(k) * kLn2Hi + (static_cast<double>(k) * kLn2Lo + logm);
 }
 
+double portable_exp(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 700.0) return HUGE_VAL;
+  if (x < -700.0) return 0.0;
+  constexpr double kLn2Hi = 0x1.62e42fee00000p-1, kLn2Lo = 0x1.a39ef35793c76p-33, kInvLn2 = 0x1.71547652b82fep0;
+  const double n = std::nearbyint(x * kInvLn2);  // the current rounding mode: to nearest
+  const double r = (x - n * kLn2Hi) - n * kLn2Lo;  // n * kLn2Hi is exact (kLn2Hi has 32 bits)
+  double p = 1.0;
+  for (int j = 15; j >= 1; --j) p = 1.0 + p * r / j;  // Horner: sum r^j / j!, |r|^16/16! < 1e-20
+  return std::ldexp(p, static_cast<int>(n));
+}
+
 // --- cos / sin of 2 pi u ---------------------------------------------------------------------
 // 4u = q + r exactly (q quadrant, r in [0, 1)); angle within the quadrant phi = (pi/2) r, folded to
 // [0, pi/4] through the complement 1 - r (exact for r >= 1/2). Taylor series on [0, pi/4]: the

@@ -47,6 +47,9 @@ struct CounterRng {
 // The portable elementary functions behind normal(), exposed for their accuracy tests.
 // log of a positive finite double (|error| within a few ulp), from frexp (exact) and a series.
 double portable_log(double x);
+// exp of a finite double in [-700, 700] (|error| within a few ulp): x = n ln2 + r with n an
+// integer and |r| <= ln2 / 2, a Taylor series of degree 15 for e^r, then 2^n exactly.
+double portable_exp(double x);
 // cos(2 pi u) and sin(2 pi u) for u in [0, 1) (|error| ~ 1e-16), by exact octant reduction of u.
 void portable_cos_sin_2pi(double u, double* c, double* s);
 

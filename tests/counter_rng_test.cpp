@@ -84,6 +84,22 @@ TEST(CounterRng, PortableLogAccuracy) {
   EXPECT_TRUE(std::isnan(portable_log(-1.0)));
 }
 
+TEST(CounterRng, PortableExpAccuracy) {
+  const CounterRng rng{8, 8};
+  double worst = 0;
+  for (uint64_t i = 0; i < 200000; ++i) {
+    const double x = (2 * rng.uniform(i) - 1) * (i % 2 ? 700.0 : 20.0);  // the whole range, and the sigmoid's
+    const double want = std::exp(x);
+    const double ulp = std::fabs(std::nextafter(want, HUGE_VAL) - want);
+    worst = std::max(worst, std::fabs(portable_exp(x) - want) / ulp);
+  }
+  std::printf("portable_exp: worst error %.2f ulp vs std::exp\n", worst);
+  EXPECT_LE(worst, 4.0);
+  EXPECT_EQ(portable_exp(0.0), 1.0);
+  EXPECT_EQ(portable_exp(800.0), HUGE_VAL);
+  EXPECT_EQ(portable_exp(-800.0), 0.0);
+}
+
 TEST(CounterRng, PortableCosSinAccuracy) {
   const long double two_pi = 2 * std::acos(-1.0L);
   const CounterRng rng{9, 9};

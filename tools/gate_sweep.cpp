@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <numeric>
+
 #include "golden/model_presets.hpp"
 #include "reference/counter_rng.hpp"
 
@@ -20,7 +22,16 @@ GeneratorOptions sweep_case(uint64_t seed, int64_t index, const std::vector<std:
   auto pick = [&](uint64_t j, uint64_t n) { return int64_t(r.bits(base + j) % n); };
   auto chance = [&](uint64_t j, uint64_t num, uint64_t den) { return uint64_t(r.bits(base + j) % den) < num; };
   GeneratorOptions o;
-  o.preset = presets[size_t(pick(0, presets.size()))];
+  // Grouped routing holds the most conditions (group scores, group masks, the cold token and
+  // group of GENERATOR.md): a grouped preset is drawn twice as often as another.
+  auto weight = [](const std::string& name) { return find_model_preset(name)->config.n_group > 1 ? 2 : 1; };
+  int64_t u = pick(0, std::accumulate(presets.begin(), presets.end(), uint64_t(0),
+                                      [&](uint64_t acc, const std::string& n) { return acc + weight(n); }));
+  for (const std::string& name : presets)
+    if ((u -= weight(name)) < 0) {
+      o.preset = name;
+      break;
+    }
   const ModelPreset* p = find_model_preset(o.preset);
   const MoeConfig& c = p->config;
   switch (pick(1, 8)) {

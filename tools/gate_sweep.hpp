@@ -3,7 +3,8 @@
 // `moecheck gate --seed S --case i` rebuilds exactly the case a long run failed on, on any machine.
 //
 // What a case varies (each choice one Philox draw of stream kSweepStream at index 32 i + j):
-//   preset     one of the tiny presets (every routing method, ragged blocks) or --presets
+//   preset     one of the tiny presets (every routing method, ragged blocks) or --presets;
+//              grouped presets (n_group > 1) weigh 2, the others 1
 //   tokens     1 (1/8), 2..8 (3/8), 9..40 (3/8), 64..160: several 128-token tiles (1/8)
 //   dist       realistic (1/2: zero groups, outliers, tiny and dead scales), uniform (1/4),
 //              adversarial (1/4: near-ties, rounding midpoints, all-zero logit rows)
