@@ -1,11 +1,13 @@
 // Hostile, truncated and malformed files through the real CLI: `moecheck inspect FILE` (and, for
-// the h5py-written ones, `run` and `reference`) runs as a subprocess and must exit with code 2
+// the h5py-written ones, run, reference, compare, repro, shrink and gate's golden corpus) runs as
+// a subprocess and must exit with code 2
 // (never by a signal, never 0 or 1) with a message on stderr naming the file and the offending
 // dataset or attribute. Files come from
 // tests/h5py/write_hostile.py (its manifest says what each must name) and from byte-level damage
 // done here: truncated copies of the committed sample case, random bytes, empty and text files.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -69,17 +71,28 @@ TEST(HostileFiles, WrittenWithH5py) {
     expect_input_error(file, where);
     // Every command that uses a case applies the same rules first (golden/case_problem.hpp):
     // never a backend run on, or a verdict about, invalid data.
+    // gate reads files from its golden corpus directory: one holding only this file.
+    const std::string corpus = dir.file("corpus-" + std::to_string(count));
+    std::filesystem::create_directories(corpus);
+    std::filesystem::copy_file(file, corpus + "/case.h5");
     for (const std::vector<std::string>& cmd :
          {std::vector<std::string>{"run", file, "--backend", "emulated", "-o", dir.file("out.h5")},
-          std::vector<std::string>{"reference", file, "-o", dir.file("out.h5")}}) {
+          std::vector<std::string>{"reference", file, "-o", dir.file("out.h5")},
+          std::vector<std::string>{"compare", file},
+          std::vector<std::string>{"repro", file, "--backend", "emulated"},
+          std::vector<std::string>{"shrink", file, "--backend", "emulated", "-o", dir.file("min.h5")},
+          std::vector<std::string>{"gate", "--backend", "emulated", "--golden", corpus, "--cases", "1", "-q"}}) {
       std::vector<std::string> argv = {test::binary("moecheck")};
       argv.insert(argv.end(), cmd.begin(), cmd.end());
       const test::RunResult r = test::run_process(argv);
       SCOPED_TRACE(cmd[0] + " " + file + "\nstderr: " + r.err);
       ASSERT_EQ(r.signal, 0);
       EXPECT_EQ(r.exit_code, 2);
-      EXPECT_NE(r.err.find("moecheck: error: " + file), std::string::npos);
-      EXPECT_NE(r.err.find(": " + where + ": "), std::string::npos) << "expected " << where;
+      const std::string named = cmd[0] == "gate" ? corpus + "/case.h5" : file, said = r.err + r.out;
+      EXPECT_NE(said.find(named + ": "), std::string::npos) << "expected " << named;
+      EXPECT_NE(said.find(": " + where + ": "), std::string::npos) << "expected " << where;
+      EXPECT_FALSE(std::filesystem::exists(dir.file("out.h5")) || std::filesystem::exists(dir.file("min.h5")))
+          << "an output was written from invalid input";
     }
   }
   EXPECT_GE(count, 40);

@@ -111,7 +111,17 @@ std::string replay_command(const std::string& case_path, const std::string& back
                      budget_model.empty() ? "" : " --budget-model " + budget_model);
 }
 
-CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
+namespace {
+
+CheckOutcome input_error_outcome(const InputError& e) {
+  if (e.where() == "--backend") throw e;  // a usage error: exit 2 from the caller
+  CheckOutcome o;
+  o.status = CheckStatus::input_error;
+  o.reason = e.what();
+  return o;
+}
+
+CheckOutcome judge_problem(const CaseProblem& cp, const CheckOptions& opt) {
   CheckOutcome out;
   const auto t0 = std::chrono::steady_clock::now();
   const CaseReader& rd = cp.reader();
@@ -181,16 +191,22 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
   return out;
 }
 
+}  // namespace
+
+CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
+  try {
+    return judge_problem(cp, opt);
+  } catch (const InputError& e) {
+    return input_error_outcome(e);
+  }
+}
+
 CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt) {
   try {
     const CaseProblem cp(case_path);
     return check_problem(cp, opt);
   } catch (const InputError& e) {
-    if (e.where() == "--backend") throw;  // a usage error: exit 2 from the caller
-    CheckOutcome o;
-    o.status = CheckStatus::input_error;
-    o.reason = e.what();
-    return o;
+    return input_error_outcome(e);
   }
 }
 

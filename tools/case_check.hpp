@@ -48,8 +48,10 @@ struct CheckOutcome {
   bool failed() const { return status == CheckStatus::fail; }
 };
 
+// An invalid case, or an output the case cannot hold, is status input_error (never a verdict);
+// an InputError about --backend (a backend that cannot run here) is rethrown.
 CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt);
-// The same on a case already loaded.
+// The same on a case already loaded (and validated by CaseProblem).
 CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt);
 
 // The quantized-tier reference with the budget of `model` (what compare judges against).

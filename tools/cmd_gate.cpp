@@ -314,7 +314,7 @@ int run_gate(GateOptions& o) {
   suites.push_back(sweep);
 
   // ---- the golden corpus ----
-  int64_t golden_judged = 0, golden_failed = 0;
+  int64_t golden_judged = 0, golden_failed = 0, golden_invalid = 0;
   if (!o.no_golden && o.case_index < 0) {
     const std::string dir = o.golden.empty() ? default_golden_dir() : o.golden;
     JunitSuite gs{"golden " + dir, {}};
@@ -328,15 +328,30 @@ int run_gate(GateOptions& o) {
       std::sort(cases.begin(), cases.end());
       int64_t n = 0;
       for (const std::string& c : cases) {
+        // An invalid corpus file is bad input (exit 2), reported and skipped; never judged.
+        std::optional<CaseProblem> cp;
+        try {
+          cp.emplace(c);
+        } catch (const InputError& e) {
+          ++golden_invalid;
+          progress.say(fmt::format("INVALID golden case: {}", e.what()));
+          Failure invalid;
+          invalid.what = fmt::format("golden case {} is invalid", c), invalid.reason = e.what();
+          error_list.push_back(invalid);
+          JunitCase jc;
+          jc.classname = "moecheck.gate.golden";
+          jc.name = fs::path(c).filename().string();
+          jc.result = JunitCase::Result::error;
+          jc.message = e.what();
+          gs.cases.push_back(jc);
+          continue;
+        }
         std::vector<std::pair<std::string, CheckOptions>> jobs;
-        {
-          const CaseReader rd(c);
-          for (const OutputInfo& oi : rd.outputs()) {
-            CheckOptions k;
-            k.output = oi.name;
-            k.allow_vacuous = o.allow_vacuous;
-            jobs.push_back({"/outputs/" + oi.name, k});
-          }
+        for (const OutputInfo& oi : cp->reader().outputs()) {
+          CheckOptions k;
+          k.output = oi.name;
+          k.allow_vacuous = o.allow_vacuous;
+          jobs.push_back({"/outputs/" + oi.name, k});
         }
         if (gpu) {
           CheckOptions k;
@@ -346,7 +361,7 @@ int run_gate(GateOptions& o) {
         }
         for (const auto& [label, k] : jobs) {
           progress.update(++n, 0, int64_t(failures.size()), fs::path(c).filename().string() + " " + label);
-          const CheckOutcome out = check_case(c, k);
+          const CheckOutcome out = check_problem(*cp, k);
           ++golden_judged;
           JunitCase jc;
           jc.classname = "moecheck.gate.golden";
@@ -411,7 +426,9 @@ int run_gate(GateOptions& o) {
                            failures.size(), run + golden_judged,
                            errors ? fmt::format(", {} could not be judged", errors) : "");
   // A failed check outranks a case that could not be judged: exit 1, else 2, else 0.
-  return !failures.empty() ? kExitCheckFailed : errors ? kExitInputError : kExitOk;
+  // An invalid golden file is bad input and wins over a failure; a sweep case that could not be
+  // judged (moecheck's own defect) only where nothing failed.
+  return golden_invalid ? kExitInputError : !failures.empty() ? kExitCheckFailed : errors ? kExitInputError : kExitOk;
 }
 
 }  // namespace
