@@ -1,6 +1,6 @@
 // The preset table of `moecheck make-case` (model_presets.hpp). Each real-model value is the
-// Hugging Face config.json field named in the comment; the research notes quote them in
-// /work/shared/research/NUMERICS.md §8 (DeepSeek-V3 §8.1, Qwen3 §8.2, Kimi-K2 §8.3).
+// field named in the comment, read from the config.json of the Hugging Face repository named
+// there (huggingface.co/<repo>/blob/main/config.json).
 #include "golden/model_presets.hpp"
 
 #include <vector>
@@ -28,7 +28,7 @@ MoeConfig layer(int64_t E, int64_t H, int64_t I, int64_t k, RoutingMethod m, int
 const std::vector<ModelPreset>& table() {
   using R = RoutingMethod;
   static const std::vector<ModelPreset> t = {
-      // deepseek-ai/DeepSeek-V3 config.json (R1: same architecture, NUMERICS.md §8.1):
+      // deepseek-ai/DeepSeek-V3 config.json (R1: same values, deepseek-ai/DeepSeek-R1 config.json):
       // n_routed_experts 256, hidden_size 7168, moe_intermediate_size 2048, num_experts_per_tok 8,
       // scoring_func sigmoid + topk_method noaux_tc (= deepseek_v3 routing with
       // e_score_correction_bias), n_group 8, topk_group 4, routed_scaling_factor 2.5.
@@ -39,7 +39,7 @@ const std::vector<ModelPreset>& table() {
       // n_routed_experts 384, hidden_size 7168, moe_intermediate_size 2048, num_experts_per_tok 8,
       // scoring_func sigmoid, topk_method noaux_tc, n_group 1, topk_group 1,
       // routed_scaling_factor 2.827 (FlashInfer's kimi_k2 test config: 384 experts, 1 group;
-      // NUMERICS.md §8.3).
+      // flashinfer-ai/flashinfer tests/moe/test_dpsk_fused_moe_fp8.py).
       {"kimi-k2", "", "Kimi-K2 MoE layer", "HF moonshotai/Kimi-K2-Instruct config.json",
        layer(384, 7168, 2048, 8, R::deepseek_v3, 1, 1, 2.827), true, true},
       // zai-org/GLM-4.5 config.json (model_type glm4_moe): n_routed_experts 160, hidden_size 5120,
@@ -49,12 +49,13 @@ const std::vector<ModelPreset>& table() {
       // --moe-router-topk 8 --moe-router-topk-scaling-factor 2.5, sigmoid + expert bias).
       {"glm-4.5", "glm4.5", "GLM-4.5 (355B-A32B) MoE layer", "HF zai-org/GLM-4.5 config.json",
        layer(160, 5120, 1536, 8, R::deepseek_v3, 1, 1, 2.5), true, true},
-      // Qwen/Qwen3-30B-A3B config.json (NUMERICS.md §8.2): num_experts 128, hidden_size 2048,
+      // Qwen/Qwen3-30B-A3B config.json: num_experts 128, hidden_size 2048,
       // moe_intermediate_size 768, num_experts_per_tok 8, norm_topk_prob true (softmax -> top-k
-      // -> renormalize = our renormalize), no bias, no groups, no scaling factor.
+      // -> renormalize = our renormalize, as transformers' modeling_qwen3_moe.py routes), no
+      // bias, no groups, no scaling factor.
       {"qwen3-30b-a3b", "", "Qwen3-30B-A3B MoE layer", "HF Qwen/Qwen3-30B-A3B config.json",
        layer(128, 2048, 768, 8, R::renormalize, 1, 1, 1.0), false, true},
-      // Qwen/Qwen3-235B-A22B config.json (NUMERICS.md §8.2): num_experts 128, hidden_size 4096,
+      // Qwen/Qwen3-235B-A22B config.json: num_experts 128, hidden_size 4096,
       // moe_intermediate_size 1536, num_experts_per_tok 8, norm_topk_prob true.
       {"qwen3-235b-a22b", "", "Qwen3-235B-A22B MoE layer", "HF Qwen/Qwen3-235B-A22B config.json",
        layer(128, 4096, 1536, 8, R::renormalize, 1, 1, 1.0), false, true},

@@ -6,8 +6,8 @@
 //   -> VEC128 scales -> GEMM1 x E_local -> round to intermediate_dtype -> SiLU*up + requant
 //   -> VEC128 scales -> GEMM2 x E_local -> finalize
 //
-// Sources for the layouts and rules (NUMERICS.md §6): cuBLAS docs §3.1.4.5 "128-element 1D
-// and 128x128 2D Block Scaling For FP8 Data Types" and §3.1.4.5.1 "Scaling factors layouts"
+// Sources for the layouts and rules: cuBLAS docs §3.1.4.5 "128-element 1D and 128x128 2D
+// Block Scaling For FP8 Data Types" and §3.1.4.5.1 "Scaling factors layouts"
 // (scale start addresses 16-byte aligned; M and N multiples of 4; VEC128_32F: "M-major for A
 // with shape M x L", "N-major for B with shape N x L"; BLK128x128_32F: K-major, column stride
 // a multiple of 4, L4 x ceil(M/128) for A); cublasLt.h of CUDA 13 for the enum names.

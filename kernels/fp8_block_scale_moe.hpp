@@ -3,7 +3,8 @@
 // docs/DEVICE-ALGORITHM.md specifies. Plain C++ header (only cuda_runtime_api.h types), so
 // host code compiled by g++ calls it directly.
 //
-// Tensors mirror FlashInfer's trtllm_fp8_block_scale_moe (INTERFACES.md §2-3), all device
+// Tensors mirror FlashInfer's trtllm_fp8_block_scale_moe (flashinfer-ai/flashinfer v0.2.9:
+// flashinfer/fused_moe/core.py, csrc/trtllm_fused_moe_kernel_launcher.cu), all device
 // pointers, row-major, FP8 as raw e4m3fn bytes, bf16 as raw uint16 bits, scales float32
 // dequantization multipliers (value = decode(code) * scale):
 //   routing_logits       float [T, E]

@@ -7,7 +7,8 @@
 // 64-bit rank key, repeated once per pick:
 //   key = (order-preserving bits of the float score) << 32 | (0xFFFFFFFF - index)
 // so the larger score wins and, on equal scores, the lower index (FlashInfer's packed-index
-// reduction, INTERFACES.md §5.1). -0 counts as +0 (equal scores), NaN ranks below -inf.
+// reduction, include/flashinfer/trtllm/fused_moe/RoutingKernelTopK.cuh). -0 counts as +0 (equal
+// scores), NaN ranks below -inf.
 //
 // Float32 steps (each one rounding, correctly rounded unless named):
 //   sigmoid(x) = 1 / (1 + expf(-x))             expf: CUDA libm, <= 2 ulp (no fast math)

@@ -9,9 +9,10 @@
 // weight-scale block, so each K block has one sb per CTA and one sa per row. 8 warps in a 2 x 4
 // grid, 32 x 32 outputs per warp = 2 x 4 mma.sync.m16n8k32 e4m3 tiles.
 //
-// Two-level accumulation (NUMERICS.md §3): `part` is the tensor-core accumulator of one 128-K
-// block (4 chained MMAs of K = 32, the first one from zero); after each block it is promoted on
-// the CUDA cores into `acc` with one FMUL for the scale product and one FFMA:
+// Two-level accumulation (DeepSeek-V3 report, arXiv 2412.19437 §3.3.2): `part` is the
+// tensor-core accumulator of one 128-K block (4 chained MMAs of K = 32, the first one from
+// zero); after each block it is promoted on the CUDA cores into `acc` with one FMUL for the
+// scale product and one FFMA:
 //   acc = __fmaf_rn(__fmul_rn(sa, sb), part, acc)
 // written with the _rn intrinsics so the compiler can neither contract nor reorder them.
 //

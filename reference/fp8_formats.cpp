@@ -1,4 +1,4 @@
-// Narrow number formats (see fp8_formats.hpp for the contract and NUMERICS.md §1-2 for the facts).
+// Narrow number formats (see fp8_formats.hpp for the contract and its sources).
 //
 // How the encoders work: every format here is "sign + E exponent bits + M mantissa bits" with a
 // subnormal range below 2^emin. Rounding the exact value |x| (a double) to such a grid is done on

@@ -1,7 +1,8 @@
 // Narrow number formats: float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, UE8M0 scale bytes and
 // bfloat16. Exact decoding and correctly rounded encoding, on the host, in plain C++.
 //
-// Numerics (NUMERICS.md §1-2):
+// Numerics (e4m3fn, e5m2: OCP 8-bit Floating Point Specification; e4m3fnuz: LLVM APFloat.h;
+// saturation modes: CUDA Math API FP8 conversions; UE8M0 ceil: DeepGEMM deep_gemm/utils/math.py):
 //  - decode is exact: every code's value is representable in float and double.
 //  - encode rounds the exact input value (float or double; no intermediate rounding) to the
 //    nearest representable value, ties to even. Saturation::finite clamps magnitudes beyond the

@@ -1,4 +1,4 @@
-// FP8 quantization recipes (contract and rounding steps: fp8_quant.hpp; facts: NUMERICS.md §4).
+// FP8 quantization recipes (contract, rounding steps and sources: fp8_quant.hpp).
 //
 // Where rounding happens, and why each line computes exactly what the header says:
 //  - amax is a max of |x| over floats: exact. A NaN anywhere in the group makes amax NaN (it is

@@ -1,4 +1,5 @@
-// FP8 quantization recipes of the DeepSeek-V3 block-scale path (NUMERICS.md §4):
+// FP8 quantization recipes of the DeepSeek-V3 block-scale path (arXiv 2412.19437 §3.3.2;
+// deepseek-ai/DeepSeek-V3 README_WEIGHTS.md and inference/kernel.py):
 //  - activation group quantization: per row, per group of G consecutive columns
 //    (G = 128 along H for hidden states, along I for the SiLU*up intermediate);
 //  - weight block quantization: per 128x128 block, ragged edges allowed;

@@ -1,7 +1,8 @@
 // The float64 routing reference: router logits [T, E] (+ optional bias [E]) -> per token the
 // top_k expert ids, their weights, and how close the choice came to going another way.
 //
-// Methods (NUMERICS.md §8, INTERFACES.md §5). "sel" is the selection score that top-k ranks,
+// Methods (FlashInfer's RoutingMethodType, flashinfer/tllm_enums.py; deepseek_v3: DeepSeek-V3
+// report arXiv 2412.19437 §2.1.2). "sel" is the selection score that top-k ranks,
 // "gate" the unbiased score that becomes the weight; rsf = routed_scaling_factor, applied
 // exactly once, in every method.
 //   deepseek_v3         gate = sigmoid(l), sel = gate + bias (bias absent = 0). With n_group > 1
@@ -27,7 +28,7 @@
 //
 // Ranking rule: top-k (and top-topk_group of groups) ranks by sel in double, descending; equal
 // sel -> the lower expert index wins (equal group score -> the lower group index), as
-// FlashInfer's packed-index reduction does (INTERFACES.md §5.1). The k ids of a token are stored
+// FlashInfer's packed-index reduction does (RoutingKernelTopK.cuh). The k ids of a token are stored
 // in this rank order: descending sel, ties by ascending id. Softmax methods rank on the double
 // probabilities (monotone in the logit); two distinct logits whose double probabilities are
 // equal count as tied (margin 0, flagged as a near-tie).

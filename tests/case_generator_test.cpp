@@ -70,7 +70,7 @@ TEST(CaseGenerator, RealModelPresetsHaveThePublishedValues) {
     RoutingMethod routing;
     bool bias;
   };
-  // HF config.json values (NUMERICS.md §8; citations in golden/model_presets.cpp).
+  // HF config.json values (citations in golden/model_presets.cpp).
   const Want want[] = {
       {"deepseek-v3", 256, 7168, 2048, 8, 8, 4, 2.5, RoutingMethod::deepseek_v3, true},
       {"deepseek-r1", 256, 7168, 2048, 8, 8, 4, 2.5, RoutingMethod::deepseek_v3, true},
@@ -212,7 +212,7 @@ TEST(CaseGenerator, TpSlicesOfARealModelExpert) {
 
 TEST(CaseGenerator, TpThatBreaksWeightBlocksIsAnOptionError) {
   GeneratorOptions o = opts("qwen3-30b-a3b", 2, 1);
-  o.tp = 4;  // 768 / 4 = 192: not a multiple of 128 (NUMERICS.md §8.2)
+  o.tp = 4;  // 768 / 4 = 192: not a multiple of 128 (768: Qwen3-30B-A3B's moe_intermediate_size)
   expect_option_error(o, "--tp", "multiple of the 128-wide weight block");
   o = opts("tiny-qwen", 2, 1);
   o.tp = 2;  // 128 / 2 = 64

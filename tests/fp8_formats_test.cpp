@@ -1,8 +1,9 @@
 // Number formats (reference/fp8_formats.hpp) against the format definitions, not against the
 // implementation: every FP8 / UE8M0 code is decoded here independently from its bit fields
-// (sign, exponent, mantissa, bias, subnormal rule, NaN/inf codes of NUMERICS.md §1.1), then the
-// encoders are checked on hand-picked boundary cases (ties, overflow thresholds, subnormals,
-// signed zeros, NaN/inf) and on every midpoint between consecutive codes.
+// (sign, exponent, mantissa, bias, subnormal rule, NaN/inf codes of the OCP FP8 specification;
+// e4m3fnuz: LLVM APFloat.h), then the encoders are checked on hand-picked boundary cases (ties,
+// overflow thresholds, subnormals, signed zeros, NaN/inf) and on every midpoint between
+// consecutive codes.
 // The all-float32 comparison with CUDA's own conversions is fp8_conversion_exhaustive_test.cpp.
 #include <gtest/gtest.h>
 
@@ -19,7 +20,7 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The format definitions of NUMERICS.md §1.1, as data.
+// The format definitions (OCP FP8 specification; e4m3fnuz: LLVM APFloat.h), as data.
 struct Def {
   Fp8Format f;
   int ebits, mbits, bias;

@@ -90,7 +90,8 @@ std::vector<MoeCase> moe_cases() {
     v.push_back(m);
   }
   {
-    // DeepSeek-V3 layer shapes (NUMERICS.md §8.1) on an EP shard of 4 experts in group 1.
+    // DeepSeek-V3 layer shapes (HF deepseek-ai/DeepSeek-V3 config.json) on an EP shard of 4
+    // experts in group 1.
     auto m = make_case("deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 3);
     m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
     m.c.local_expert_offset = 32, m.c.local_num_experts = 4;

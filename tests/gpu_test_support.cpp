@@ -1,7 +1,7 @@
 // GPU test support (see gpu_test_support.hpp): skip logic, seeded data, the MoE runner, and
 // the float64 models with their error bounds.
 //
-// GEMM error bound (per output element y of one row; DEVICE-ALGORITHM.md §3, NUMERICS.md §3, §5.3):
+// GEMM error bound (per output element y of one row; DEVICE-ALGORITHM.md §3, BUDGETS.md §2):
 //   exact     y* = sum_b s_b p_b,  s_b = fl32(sa_b * sw_b) (the contract's one scale rounding),
 //             p_b = sum of the block's 128 code products, exact in double (each product has <= 8
 //             significant bits, the block's partial sums fit in 53 bits).

@@ -204,7 +204,7 @@ Realistic realistic() {
   R.scaled_expert = std::max_element(uses.begin(), uses.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
 
   // Noise uniform within kNoise of each budget: a correct device's typical error is far below
-  // the worst-case bound (NUMERICS.md section 5.4).
+  // the worst-case bound (reference/BUDGETS.md §10).
   constexpr double kNoise = 0.05;
   enum class Fault { none, scale_expert, nan_token };
   auto observe = [&](Fault fault, const char* name, uint64_t stream) {

@@ -58,7 +58,7 @@ RECIPES = {
 _MIN_ACT_EPS = 448.0 * 2.0 ** -149
 _CHUNK_BYTES = 4 << 20  # weight chunks: one expert slab, at most 4 MiB (FORMAT.md /weights)
 
-# FlashInfer RoutingMethodType (flashinfer/tllm_enums.py; ../shared/research/INTERFACES.md §5)
+# FlashInfer RoutingMethodType (flashinfer-ai/flashinfer: flashinfer/tllm_enums.py)
 # -> the case's routing method. RenormalizeNaive (4) is Renormalize mathematically.
 FLASHINFER_ROUTING = {0: "softmax_topk", 1: "renormalize", 2: "deepseek_v3", 3: "llama4",
                       4: "renormalize", 6: "sigmoid_renormalize"}

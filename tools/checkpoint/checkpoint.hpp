@@ -1,7 +1,8 @@
 // A Hugging Face checkpoint directory: one model.safetensors, or shards listed by
 // model.safetensors.index.json ({"metadata": {...}, "weight_map": {"tensor": "shard file"}};
-// INTERFACES.md §9). Shards are opened (memory-mapped, header fully checked) the first time one
-// of their tensors is asked for, so dumping one layer touches only the shards that hold it.
+// tools/checkpoint/README.md). Shards are opened (memory-mapped, header fully checked) the
+// first time one of their tensors is asked for, so dumping one layer touches only the shards
+// that hold it.
 //
 // tensor() checks that the tensor exists where the index says and, through expect(), that its
 // dtype and shape are what the caller needs: InputError(file, tensor name, rule) otherwise.

@@ -1,6 +1,6 @@
 // config.json -> HfMoeLayer (hf_config.hpp). Sources of the keys and their meaning: HF
 // config.json files of deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, zai-org/GLM-4.5,
-// Qwen/Qwen3-30B-A3B (NUMERICS.md §8, INTERFACES.md §10) and the transformers model code for
+// Qwen/Qwen3-30B-A3B (key table: tools/checkpoint/README.md) and the transformers model code for
 // which layers are sparse (deepseek_v3: layer >= first_k_dense_replace and layer % moe_layer_freq
 // == 0; glm4_moe: layer >= first_k_dense_replace; qwen3_moe: layer not in mlp_only_layers and
 // (layer + 1) % decoder_sparse_step == 0).

@@ -7,8 +7,9 @@
 //   grouped top-k (n_group, topk_group), renormalized, times routed_scaling_factor: the case's
 //   deepseek_v3 routing (reference/moe_routing.hpp).
 //   qwen3_moe (Qwen3MoeForCausalLM): softmax, top-k, renormalized when norm_topk_prob (the case's
-//   renormalize, mathematically the same as softmax -> top-k -> divide by the sum; INTERFACES.md
-//   §5.2) or not (softmax_topk). No bias, no groups, no scaling factor.
+//   renormalize, mathematically the same as softmax -> top-k -> divide by the sum, as
+//   transformers' modeling_qwen3_moe.py does) or not (softmax_topk). No bias, no groups, no
+//   scaling factor.
 // Every problem is InputError(config.json path, key, rule); a dense layer (no experts) is one.
 #pragma once
 

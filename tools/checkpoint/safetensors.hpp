@@ -1,5 +1,5 @@
-// Our own reader of the safetensors format (huggingface/safetensors README "Format";
-// /work/shared/research/INTERFACES.md §9): an 8-byte little-endian header length N, N bytes of a
+// Our own reader of the safetensors format (huggingface/safetensors README "Format" and its
+// reader safetensors/src/tensor.rs): an 8-byte little-endian header length N, N bytes of a
 // UTF-8 JSON header, then the data region. tools/checkpoint/README.md lists every rule checked.
 //
 // parse_safetensors() checks the whole structure on a byte buffer (the fuzz target calls it on
