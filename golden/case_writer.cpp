@@ -73,7 +73,8 @@ CaseWriter::CaseWriter(std::string path, CaseHeader header) : impl_(std::make_un
   }
   need(m.h.tokens >= 1 && m.h.tokens <= kMaxTokens, m.path, "/inputs/hidden_states",
        fmt::format("dimension 0 (tokens T) must be in [1, 2^24], got {}", m.h.tokens));
-  const layout::Spec& bias = layout::input_specs(c, true, m.h.tokens).back();
+  const std::vector<layout::Spec> inputs = layout::input_specs(c, true, m.h.tokens);
+  const layout::Spec& bias = inputs.back();
   need(bias.presence != layout::Presence::required || m.h.routing_bias, m.path, "/inputs/routing_bias",
        "required dataset missing");
   need(bias.presence != layout::Presence::forbidden || !m.h.routing_bias, m.path, "/inputs/routing_bias",
