@@ -40,7 +40,10 @@ TEST(SafetensorsFuzzReplay, SeedCorpusTruncationsAndMutations) {
     for (int m = 0; m < 200 && !s.empty(); ++m, ++runs) {
       std::vector<uint8_t> b = s;
       const int edits = 1 + int(rng.bits(draw++) % 4);
-      for (int k = 0; k < edits; ++k) b[rng.bits(draw++) % b.size()] = uint8_t(rng.bits(draw++));
+      for (int k = 0; k < edits; ++k) {
+        const size_t at = rng.bits(draw++) % b.size();
+        b[at] = uint8_t(rng.bits(draw++));
+      }
       LLVMFuzzerTestOneInput(b.data(), b.size());
     }
   }

@@ -186,7 +186,9 @@ TEST(Faults, TablePrintsEveryFault) {
     for (size_t a = 1, b; (b = line.find('|', a)) != std::string::npos; a = b + 1) cells.push_back(line.substr(a, b - a));
     ASSERT_GE(cells.size(), 3u) << line;
     const bool exempt = line.find("no_requant") != std::string::npos || line.find("output_scale_2pct") != std::string::npos;
-    if (!exempt) EXPECT_EQ(cells[2], " caught ") << line;
+    if (!exempt) {
+      EXPECT_EQ(cells[2], " caught ") << line;
+    }
     ++rows;
   }
   EXPECT_EQ(rows, 18);
@@ -234,10 +236,11 @@ TEST(Faults, SweepTriggersEveryFaultFiveTimes) {
     int caught = -1, cases = -1;
     ASSERT_EQ(std::sscanf(cells[7].c_str(), " %d / %d", &caught, &cases), 2) << line;
     EXPECT_EQ(cases, 100) << line;
-    if (line.rfind("| emulated", 0) == 0)
+    if (line.rfind("| emulated", 0) == 0) {
       EXPECT_EQ(caught, 0) << line;
-    else
+    } else {
       EXPECT_GE(caught, 5) << line;
+    }
     ++rows;
   }
   EXPECT_EQ(rows, 19) << r.out;

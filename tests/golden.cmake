@@ -32,3 +32,17 @@ add_dependencies(judge_cli_test moecheck)
 # Clean interruption of make-case and gate (SIGINT / SIGTERM).
 moecheck_add_test(interrupt_cli_test SOURCES interrupt_cli_test.cpp ${golden_support} LABELS cli)
 add_dependencies(interrupt_cli_test moecheck)
+# The hostile corpus through every command under ASan + UBSan: builds its own sanitized CPU-only
+# moecheck (several minutes the first time), so it is the slowest test of the suite.
+add_test(NAME sanitized_hostile_corpus
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/sanitized_hostile_corpus.sh ${PROJECT_SOURCE_DIR}
+                 ${CMAKE_CURRENT_BINARY_DIR}/sanitized ${MOECHECK_PYTHON3} ${CMAKE_CXX_COMPILER})
+set_tests_properties(sanitized_hostile_corpus PROPERTIES LABELS "golden;sanitize" SKIP_RETURN_CODE 77 TIMEOUT 3600)
+# The case reader's libFuzzer target over its seed corpus (g++, always), and a bounded libFuzzer
+# run with clang (MOECHECK_CLANGXX, found in checkpoint.cmake; Skipped where clang cannot link libFuzzer).
+moecheck_add_test(case_reader_fuzz_replay_test SOURCES case_reader_fuzz_replay_test.cpp ${golden_support}
+                  ${PROJECT_SOURCE_DIR}/golden/fuzz_case_reader.cpp LABELS golden fuzz)
+add_test(NAME case_reader_fuzz
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/case_reader_fuzz.sh "${MOECHECK_CLANGXX}" ${PROJECT_SOURCE_DIR}
+                 ${CMAKE_CURRENT_BINARY_DIR}/case-reader-fuzz 30)
+set_tests_properties(case_reader_fuzz PROPERTIES LABELS "golden;fuzz" SKIP_RETURN_CODE 77 TIMEOUT 2400)
