@@ -9,6 +9,8 @@
 // by its owner). The watcher holds the registry's lock until the process ends, so a path cannot
 // be registered after the clean-up; a file created between its registration and the signal is
 // removed, one created after the clean-up cannot be (the process ends within microseconds).
+// A child process inherits the blocked mask across exec: whoever spawns one must unblock SIGINT
+// and SIGTERM in the child before exec (and register what the child writes, or kill it).
 #pragma once
 
 #include <cstdint>
