@@ -31,15 +31,9 @@ TEST(CaseReaderFuzzReplay, SeedCorpusAndMutations) {
   size_t runs = 0;
   for (const auto& s : seeds) {
     LLVMFuzzerTestOneInput(s.data(), s.size()), ++runs;
-    for (int m = 0; m < 40 && !s.empty(); ++m, ++runs) {
-      std::vector<uint8_t> b = s;
-      const int edits = 1 + int(rng.bits(draw++) % 4);
-      for (int k = 0; k < edits; ++k) {
-        const size_t at = rng.bits(draw++) % b.size();
-        b[at] = uint8_t(rng.bits(draw++));
-      }
-      LLVMFuzzerTestOneInput(b.data(), b.size());
-    }
+    test::for_each_mutation(s, 40, rng, &draw, [&](const std::vector<uint8_t>& b) {
+      LLVMFuzzerTestOneInput(b.data(), b.size()), ++runs;
+    });
   }
   EXPECT_GT(runs, 400u);
 }

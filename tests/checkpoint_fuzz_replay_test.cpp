@@ -37,15 +37,9 @@ TEST(SafetensorsFuzzReplay, SeedCorpusTruncationsAndMutations) {
   for (const auto& s : seeds) {
     LLVMFuzzerTestOneInput(s.data(), s.size());
     for (size_t n = 0; n < s.size(); ++n, ++runs) LLVMFuzzerTestOneInput(s.data(), n);
-    for (int m = 0; m < 200 && !s.empty(); ++m, ++runs) {
-      std::vector<uint8_t> b = s;
-      const int edits = 1 + int(rng.bits(draw++) % 4);
-      for (int k = 0; k < edits; ++k) {
-        const size_t at = rng.bits(draw++) % b.size();
-        b[at] = uint8_t(rng.bits(draw++));
-      }
-      LLVMFuzzerTestOneInput(b.data(), b.size());
-    }
+    test::for_each_mutation(s, 200, rng, &draw, [&](const std::vector<uint8_t>& b) {
+      LLVMFuzzerTestOneInput(b.data(), b.size()), ++runs;
+    });
   }
   EXPECT_GT(runs, 1000u);
 }

@@ -153,6 +153,19 @@ std::string slurp(const std::string& path) {
 }
 }  // namespace
 
+void for_each_mutation(const std::vector<uint8_t>& seed, int count, const CounterRng& rng, uint64_t* draw,
+                       const std::function<void(const std::vector<uint8_t>&)>& f) {
+  for (int m = 0; m < count && !seed.empty(); ++m) {
+    std::vector<uint8_t> b = seed;
+    const int edits = 1 + int(rng.bits((*draw)++) % 4);
+    for (int k = 0; k < edits; ++k) {
+      const size_t at = rng.bits((*draw)++) % b.size();
+      b[at] = uint8_t(rng.bits((*draw)++));
+    }
+    f(b);
+  }
+}
+
 RunResult run_process(const std::vector<std::string>& argv) {
   return run_process_interrupted(argv, 0, nullptr, nullptr);
 }

@@ -5,12 +5,14 @@
 
 #include <H5Cpp.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "golden/case_file.hpp"
+#include "reference/counter_rng.hpp"
 
 namespace moecheck::test {
 
@@ -59,6 +61,11 @@ void replace_dataset(H5::H5File& f, const std::string& path, const H5::PredType&
 // Overwrites element `index` (flat, row-major) of a float32/uint8 dataset.
 void poke_float(H5::H5File& f, const std::string& path, size_t index, float value);
 void poke_byte(H5::H5File& f, const std::string& path, size_t index, uint8_t value);
+
+// A fuzz target's byte mutations, the same everywhere: `count` copies of `seed` with 1 to 4 bytes
+// replaced, drawn from rng at indices *draw on (advanced), each handed to f. None for an empty seed.
+void for_each_mutation(const std::vector<uint8_t>& seed, int count, const CounterRng& rng, uint64_t* draw,
+                       const std::function<void(const std::vector<uint8_t>&)>& f);
 
 struct RunResult {
   int exit_code = -1;  // when the process exited
