@@ -21,10 +21,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>

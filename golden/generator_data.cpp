@@ -99,6 +99,8 @@ int64_t cold_group(const DataSpec& s, const Rates& r) {
   return int64_t(rng.bits((uint64_t(1) << 40) + 2) % uint64_t(c.n_group));
 }
 
+bool is_chosen(const TokenRouting& r, int64_t e) { return std::find(r.ids.begin(), r.ids.end(), int32_t(e)) != r.ids.end(); }
+
 bool is_candidate(const MoeConfig& c, const TokenRouting& r, int64_t e) {
   if (r.kept_groups.empty()) return true;
   const int64_t g = e / (c.num_experts / c.n_group);
@@ -115,7 +117,7 @@ void plant_tie(const DataSpec& s, int64_t t, float* row, const std::vector<float
   const int64_t a = r.ids[size_t(k - 1)];
   auto usable = [&](int64_t e) {
     if (e < 0 || e >= E || !is_candidate(c, r, e)) return false;
-    if (std::find(r.ids.begin(), r.ids.end(), int32_t(e)) != r.ids.end()) return false;
+    if (is_chosen(r, e)) return false;
     return !b || b[e] == b[a];
   };
   int64_t pick = usable(a ^ 1) ? (a ^ 1) : -1;
@@ -181,7 +183,7 @@ void plant_bias_rounding(const MoeConfig& c, float* row, const std::vector<float
   int64_t pick = -1;
   double best = 0x1p-14, target = 0;  // d/2 >= 2^-15: beyond the near-tie tolerance (BUDGETS.md §6)
   for (int64_t e = 0; e < E; ++e) {
-    if (!is_candidate(c, r, e) || std::find(r.ids.begin(), r.ids.end(), int32_t(e)) != r.ids.end()) continue;
+    if (!is_candidate(c, r, e) || is_chosen(r, e)) continue;
     const double d = shift(e) - shift(a), g = sel_a - double(bias[size_t(e)]) - d / 2;
     if (d > best && g >= 0.01 && g <= 0.99) pick = e, best = d, target = g;
   }
@@ -192,8 +194,7 @@ void plant_bias_rounding(const MoeConfig& c, float* row, const std::vector<float
   std::vector<float> rounded(bias);
   for (float& v : rounded) v = bf16_round(v);
   const TokenRouting f32 = route_token(c, row, bias.data()), b16 = route_token(c, row, rounded.data());
-  auto has = [](const TokenRouting& t, int64_t e) { return std::find(t.ids.begin(), t.ids.end(), int32_t(e)) != t.ids.end(); };
-  if (has(f32, pick) || !has(b16, pick)) row[pick] = before;
+  if (is_chosen(f32, pick) || !is_chosen(b16, pick)) row[pick] = before;
 }
 
 bool has_bias_rounding_token(const DataSpec& s, const std::vector<float>& bias) {
@@ -274,10 +275,10 @@ std::vector<float> routing_bias(const DataSpec& s) {
   const int64_t cold = cold_group(s, r);
   std::vector<float> b(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    const double z = n.normal(uint64_t(s.near_ties ? (e & ~int64_t(1)) : e));
+    const int64_t src = s.near_ties ? (e & ~int64_t(1)) : e;  // near-tie pairs share their draws
+    const double z = n.normal(uint64_t(src));
     double v = 0.1 * z;                                 // N(0, 0.1): DeepSeek-V3-like magnitudes
     const int cls = bias_class(s, r, e);
-    const int64_t src = s.near_ties ? (e & ~int64_t(1)) : e;
     if (cls == 0 && cold >= 0 && src / (E / s.layer.n_group) == cold) v = -0.03 - std::min(std::fabs(z), 4.0) * 0.1;
     if (cls == 1) v = -1.0 - std::min(std::fabs(z), 4.0) * 0.25;  // [-2, -1]: sigmoid + bias < 0
     if (cls == 2) v = 12.0 + 0.1 * z;                   // GLM-5.2-like (docs/BUG-CLASSES.md #18)

@@ -166,7 +166,7 @@ void write_probe_dump(const std::string& dir, uint64_t seed, const std::vector<P
     auto it = files.find(file);
     if (it == files.end()) {
       scratch.emplace_back(dir + "/" + file + ".tmp");
-      it = files.emplace(file, std::ofstream(dir + "/" + file + ".tmp", std::ios::binary)).first;
+      it = files.emplace(file, std::ofstream(scratch.back().path(), std::ios::binary)).first;
     }
     it->second.write(reinterpret_cast<const char*>(r.d.data()), std::streamsize(r.d.size() * sizeof(float)));
     if (!it->second) throw InputError(dir + "/" + file + ".tmp", "", "cannot write the probe dump");

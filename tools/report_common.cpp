@@ -1,7 +1,6 @@
 // Pieces shared by the three compare reports (report.hpp): the run's one-line descriptions, the
 // check totals and closing line, number formatting, and the atomic file write.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -11,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "golden/case_groups.hpp"
 #include "golden/interrupt.hpp"
 #include "reference/errors.hpp"
 #include "tools/report.hpp"
@@ -117,7 +117,7 @@ bool token_worst(const CompareResult& r, int64_t token, double* max_ratio, int64
 
 void write_file_atomically(const std::string& path, const std::string& content, const std::string& option) {
   namespace fs = std::filesystem;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = groups::temporary_for(path);
   interrupt::ScratchPath scratch(tmp);
   auto fail = [&](const std::string& why) {
     std::error_code ec;
