@@ -36,9 +36,10 @@ Registry& registry() {
   std::string removed;
   // Children first, so that none of them writes into a scratch path after it is removed.
   for (const auto& [id, pgid] : r.groups) {
-    if (::kill(-pgid, SIGKILL) == 0) removed += "  killed the process group " + std::to_string(pgid) + " (a backend command)\n";
+    if (::kill(-pgid, SIGKILL) != 0) continue;  // already gone
+    removed += "  killed the process group " + std::to_string(pgid) + " (a backend command)\n";
     int status = 0;
-    ::waitpid(pgid, &status, 0);  // the leader gone: its writes are over
+    ::waitpid(pgid, &status, 0);  // the leader gone: its writes are over (returns at once when already reaped)
   }
   for (auto it = r.paths.rbegin(); it != r.paths.rend(); ++it) {
     std::error_code ec;
