@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@ namespace {
 struct Registry {
   std::mutex m;
   std::map<uint64_t, std::string> paths;  // registration order
+  std::map<uint64_t, int> groups;         // process groups of spawned children (ChildGroup)
   uint64_t next = 1;
   std::string stage;
 };
@@ -32,6 +34,13 @@ Registry& registry() {
   Registry& r = registry();
   r.m.lock();  // held until _Exit: nothing is registered after the clean-up
   std::string removed;
+  // Children first, so that none of them writes into a scratch path after it is removed.
+  for (const auto& [id, pgid] : r.groups) {
+    if (::kill(-pgid, SIGKILL) != 0) continue;  // already gone
+    removed += "  killed the process group " + std::to_string(pgid) + " (a backend command)\n";
+    int status = 0;
+    ::waitpid(pgid, &status, 0);  // the leader gone: its writes are over (returns at once when already reaped)
+  }
   for (auto it = r.paths.rbegin(); it != r.paths.rend(); ++it) {
     std::error_code ec;
     if (!std::filesystem::exists(std::filesystem::symlink_status(it->second, ec))) continue;
@@ -78,6 +87,25 @@ void ScratchPath::release() {
   Registry& r = registry();
   std::lock_guard<std::mutex> l(r.m);
   r.paths.erase(id_);
+  id_ = 0;
+}
+
+void ChildGroup::lock() { registry().m.lock(); }
+
+void ChildGroup::unlock(int pid) {
+  Registry& r = registry();
+  if (pid > 0) {
+    id_ = r.next++;
+    r.groups.emplace(id_, pid);
+  }
+  r.m.unlock();
+}
+
+void ChildGroup::release() {
+  if (!id_) return;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> l(r.m);
+  r.groups.erase(id_);
   id_ = 0;
 }
 

@@ -11,6 +11,9 @@
 // removed, one created after the clean-up cannot be (the process ends within microseconds).
 // A child process inherits the blocked mask across exec: whoever spawns one must unblock SIGINT
 // and SIGTERM in the child before exec (and register what the child writes, or kill it).
+// ChildGroup does the latter: a child spawned into a process group of its own is registered
+// while it is spawned, and the group is sent SIGKILL on interruption before the scratch paths
+// are removed (so nothing of it writes into them afterwards).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,36 @@ class ScratchPath {
 
  private:
   std::string path_;
+  uint64_t id_ = 0;
+};
+
+// RAII: spawn() (which starts a child as the leader of a new process group and returns its
+// pid, or -1) runs with the registry locked, so an interruption either comes before the child
+// exists or finds it registered; the group -pid is sent SIGKILL on interruption while this
+// object lives and has not been released.
+class ChildGroup {
+ public:
+  template <class Spawn>
+  explicit ChildGroup(Spawn&& spawn) {
+    lock();
+    try {
+      pid_ = spawn();
+    } catch (...) {
+      unlock(-1);
+      throw;
+    }
+    unlock(pid_);
+  }
+  ~ChildGroup() { release(); }
+  ChildGroup(const ChildGroup&) = delete;
+  ChildGroup& operator=(const ChildGroup&) = delete;
+  void release();
+  int pid() const { return pid_; }
+
+ private:
+  void lock();
+  void unlock(int pid);  // registers pid (> 0) and unlocks
+  int pid_ = -1;
   uint64_t id_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include "golden/engine_recipes.hpp"
 #include "kernels/emulated/emulated_moe.hpp"
 #include "reference/fp8_formats.hpp"
+#include "tools/exec_backend.hpp"
 #include "tools/reference_store.hpp"
 #ifdef MOECHECK_HAVE_CUDA
 #include "kernels/gpu_backend.hpp"
@@ -27,6 +28,11 @@ BackendName parse_backend_name(const std::string& name) {
   // "@hopper": the emulated backends with the Hopper wgmma block sums measured by `moecheck probe`.
   const std::string suffix = "@hopper";
   BackendName b;
+  if (is_exec_backend(name)) {  // a command line: taken as it is (exec_backend.hpp)
+    exec_command_template(name);
+    b.base = name;
+    return b;
+  }
   b.hopper = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   b.base = b.hopper ? name.substr(0, name.size() - suffix.size()) : name;
   if (b.faulty()) {
@@ -38,7 +44,7 @@ BackendName parse_backend_name(const std::string& name) {
     }
   } else if (b.base != "emulated" && !b.gpu()) {
     throw InputError("", "--backend",
-                     "must be emulated, faulty:<fault> (either with @hopper), cuda or cublaslt, got '" + name + "'");
+                     "must be emulated, faulty:<fault> (either with @hopper), cuda, cublaslt or exec:CMD, got '" + name + "'");
   }
   if (b.hopper && b.gpu())
     throw InputError("", "--backend", "'@hopper' applies to emulated and faulty:<fault> only, got '" + name + "'");
@@ -48,6 +54,7 @@ BackendName parse_backend_name(const std::string& name) {
 BackendOutput run_backend(const CaseProblem& cp, const std::string& name, bool expert_outputs,
                           int64_t int32_threshold) {
   const BackendName b = parse_backend_name(name);
+  if (b.exec()) return run_exec_backend(cp, name, expert_outputs);
   if (!b.gpu()) {
     static const TensorCoreModel wgmma = TensorCoreModel::hopper_wgmma();
     EmulatedOptions eo;
@@ -100,13 +107,19 @@ OutputData to_output_data(const BackendOutput& r) {
   d.attributes["device"] = r.device;
   d.attributes["created"] = utc_now();
   d.attributes["tool_version"] = MOECHECK_VERSION;
-  d.attributes["budget_model"] = default_budget_model(r.backend);
-  d.output_dtype = Precision::bf16;
-  d.output.resize(r.output_bf16.size());
-  for (size_t i = 0; i < r.output_bf16.size(); ++i) d.output[i] = bf16_decode(r.output_bf16[i]);
+  d.attributes["budget_model"] = r.budget_model.empty() ? default_budget_model(r.backend) : r.budget_model;
+  if (!r.output_f32.empty()) {
+    d.output_dtype = Precision::f32;
+    d.output = r.output_f32;
+  } else {
+    d.output_dtype = Precision::bf16;
+    d.output.resize(r.output_bf16.size());
+    for (size_t i = 0; i < r.output_bf16.size(); ++i) d.output[i] = bf16_decode(r.output_bf16[i]);
+  }
   d.topk_ids = r.topk_ids;
   d.topk_weights = r.topk_weights;
   d.expert_outputs = r.expert_outputs;
+  if (r.expert_outputs_bf16) d.expert_outputs_dtype = Precision::bf16;
   return d;
 }
 

@@ -4,7 +4,9 @@
 //
 // Backends: emulated, faulty:<fault> (kernels/emulated/emulated_moe.hpp; with the suffix @hopper,
 // their GEMM block sums are the Hopper wgmma instruction's, bit for bit), cuda and cublaslt
-// (kernels/gpu_backend.hpp; only in a CUDA build, else an InputError naming --backend).
+// (kernels/gpu_backend.hpp; only in a CUDA build, else an InputError naming --backend), and
+// exec:CMD (tools/exec_backend.hpp: an external command that reads the case and writes its
+// output file; its failures are ExecFailure, the backend's).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct BackendName {
   bool hopper = false;
   bool gpu() const { return base == "cuda" || base == "cublaslt"; }
   bool faulty() const { return base.rfind("faulty:", 0) == 0; }
+  bool exec() const { return base.rfind("exec:", 0) == 0; }  // base is the whole "exec:CMD"
   // The correct backend with the same numerics: "emulated" (plus "@hopper").
   std::string correct() const { return hopper ? "emulated@hopper" : "emulated"; }
 };

@@ -10,6 +10,7 @@
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "tools/backend_run.hpp"
+#include "tools/exec_backend.hpp"
 
 namespace moecheck::cli {
 
@@ -32,10 +33,15 @@ ForwardResult judging_reference(const CaseProblem& cp, const BudgetModel& model)
 Observation observation_of(const BackendOutput& b) {
   Observation o;
   o.name = b.backend;
-  o.output.resize(b.output_bf16.size());
-  for (size_t i = 0; i < b.output_bf16.size(); ++i) o.output[i] = bf16_decode(b.output_bf16[i]);
+  if (!b.output_f32.empty()) {
+    o.output = b.output_f32;
+  } else {
+    o.output.resize(b.output_bf16.size());
+    for (size_t i = 0; i < b.output_bf16.size(); ++i) o.output[i] = bf16_decode(b.output_bf16[i]);
+  }
   o.topk_ids = b.topk_ids;
   o.expert_outputs = b.expert_outputs;  // float32 slot outputs: no extra rounding to admit
+  o.expert_outputs_bf16 = b.expert_outputs_bf16;
   return o;
 }
 
@@ -105,10 +111,13 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens) {
 
 std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
                            const std::string& budget_model) {
-  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {1}{3}",
-                     case_path, backend,
+  // compare --output: the name run records the output under (exec:CMD -> exec, '@' -> '+').
+  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {4}{3}",
+                     case_path, shell_quote(backend),
                      int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "",
-                     budget_model.empty() ? "" : " --budget-model " + budget_model);
+                     budget_model.empty() ? "" : " --budget-model " + budget_model, default_output_name(backend)) +
+         (is_exec_backend(backend) && exec_timeout_seconds() != 600
+              ? fmt::format(" --exec-timeout {}", exec_timeout_seconds()) : "");
 }
 
 namespace {
@@ -147,8 +156,12 @@ CheckOutcome judge_problem(const CaseProblem& cp, const CheckOptions& opt) {
       out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return out;
     }
-    items.push_back({opt.backend, opt.budget_model.empty() ? default_budget_model(opt.backend) : opt.budget_model,
-                     observation_of(*out.run)});
+    // The model: the command line's, else the one the run asks for (an exec:CMD output's
+    // budget_model attribute), else the backend's default.
+    const std::string model = !opt.budget_model.empty()     ? opt.budget_model
+                              : !out.run->budget_model.empty() ? out.run->budget_model
+                                                               : default_budget_model(opt.backend);
+    items.push_back({opt.backend, model, observation_of(*out.run)});
   } else {
     std::vector<OutputInfo> outputs = rd.outputs();
     if (!opt.output.empty()) {

@@ -11,6 +11,7 @@
 #include "golden/interrupt.hpp"
 #include "reference/moe_routing.hpp"
 #include "tools/backend_run.hpp"
+#include "tools/exec_backend.hpp"
 
 namespace moecheck::cli {
 
@@ -364,7 +365,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   CaseData out = cur;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
-      "moecheck shrink {} {}{}{} -o {}", case_path, backend_mode ? "--backend " + chk.backend : "--output " + chk.output,
+      "moecheck shrink {} {}{}{} -o {}", case_path, backend_mode ? "--backend " + shell_quote(chk.backend) : "--output " + chk.output,
       chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", model_opt, out_path);
   out.header.source = cur.header.source.empty() ? shrink_cmd : cur.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
@@ -376,7 +377,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
     rec.attributes["replay"] = res.replay;
     if (chk.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk.int32_threshold);
     if (!chk.budget_model.empty()) rec.attributes["budget_model"] = chk.budget_model;
-    save(out, out_path, 6, chk.backend, &rec);
+    save(out, out_path, 6, default_output_name(chk.backend), &rec);
   } else {
     save(out, out_path, 6);
   }

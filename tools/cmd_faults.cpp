@@ -25,6 +25,7 @@
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/exec_backend.hpp"
 #include "tools/gate_sweep.hpp"
 #include "tools/reference_store.hpp"
 
@@ -106,7 +107,7 @@ std::string under_hopper(const std::string& file, const std::string& backend, in
 void register_faults(CLI::App& app) {
   auto* sub = app.add_subcommand("faults", "per fault: what moecheck reports and which familiar checks miss it");
   struct Opts {
-    std::string bugs;
+    std::string bugs, backend, faults_csv;
     int64_t cases = 40;
     uint64_t seed = 1;
     bool quiet = false;
@@ -117,11 +118,30 @@ void register_faults(CLI::App& app) {
       ->check(at_least(0));
   sub->add_option("--seed", o->seed, "seed of those sweep cases (default 1)")->check(seed_text());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
+  sub->add_option("--backend", o->backend,
+                  "exec:CMD with {fault} in CMD: your kernel and its mutants instead of emulated and faulty:<fault> "
+                  "({fault} is 'none' for the correct run)");
+  sub->add_option("--faults", o->faults_csv, "with --backend exec:CMD: the mutants CMD implements, comma-separated");
+  add_exec_timeout_option(sub);
   set_runner(sub, [o]() {
     const std::string bugs = o->bugs.empty() ? default_bugs_dir() : o->bugs;
     if (!o->bugs.empty() && !fs::is_directory(bugs)) throw InputError(bugs, "--bugs", "not a directory");
-    std::vector<std::string> backends = {"emulated"};
-    for (Fault f : all_faults()) backends.push_back("faulty:" + std::string(to_string(f)));
+    // The rows: the correct backend, then one per fault, each with its name (the bug case's file name).
+    std::vector<std::string> backends, fault_names;
+    const bool exec = !o->backend.empty();
+    if (exec) {
+      for (const std::string& f : exec_fault_names(o->backend, o->faults_csv)) {
+        backends.push_back(exec_with_fault(o->backend, f));
+        fault_names.push_back(f);
+      }
+    } else {
+      if (!o->faults_csv.empty()) throw InputError("", "--faults", "only with --backend exec:CMD (the built-in faults all run)");
+      backends = {"emulated"}, fault_names = {"none"};
+      for (Fault f : all_faults()) {
+        backends.push_back("faulty:" + std::string(to_string(f)));
+        fault_names.push_back(std::string(to_string(f)));
+      }
+    }
     std::vector<Tally> sweep(backends.size());
     const BudgetModel fp32 = parse_budget_model("fp32");
 
@@ -137,6 +157,19 @@ void register_faults(CLI::App& app) {
       write_case(plan_case(g, path), path);
       {
         const CaseProblem cp(path);
+        if (exec) {
+          // Each run judged with the model its output names (one reference per model, as check_problem does).
+          for (size_t b = 0; b < backends.size(); ++b) {
+            CheckOptions k;
+            k.backend = backends[b];
+            const CheckOutcome out = check_problem(cp, k);
+            if (out.status == CheckStatus::input_error) throw InputError(path, "", out.reason);
+            tally(sweep[b], out.results.empty() ? nullptr : &out.results.front());
+          }
+          fs::remove(path);
+          if (!o->quiet) std::cerr << fmt::format("\rmoecheck faults: sweep case {}/{}", i + 1, o->cases) << std::flush;
+          continue;
+        }
         const ForwardResult ref = judging_reference(cp, fp32);
         CompareOptions copt;
         copt.model = fp32;
@@ -162,6 +195,7 @@ void register_faults(CLI::App& app) {
     }
 
     bool ok = sweep[0].caught == 0;
+    if (exec) std::cout << fmt::format("backend {}\n\n", shell_quote(o->backend));
     std::cout << fmt::format(
         "| backend | golden/bugs case: moecheck | the same @hopper | DeepGEMM cos-diff < 1e-3 | SGLang mean-rel < 0.02 | "
         "vLLM atol=rtol=0.035 | NMSE < 5e-3 | sweep (seed {}): caught / cases | missed by DeepGEMM / SGLang / vLLM / NMSE |\n",
@@ -170,7 +204,7 @@ void register_faults(CLI::App& app) {
     for (size_t b = 0; b < backends.size(); ++b) {
       const std::string& be = backends[b];
       std::string bug = "-", hopper = "-", cols[4] = {"-", "-", "-", "-"};
-      const std::string file = (fs::path(bugs) / (be.substr(be.find(':') + 1) + ".h5")).string();
+      const std::string file = (fs::path(bugs) / (fault_names[b] + ".h5")).string();
       if (b > 0 && fs::exists(file)) {
         int64_t thr = 0;
         {
@@ -186,7 +220,7 @@ void register_faults(CLI::App& app) {
         } else {
           bug = "caught: the backend threw";
         }
-        hopper = under_hopper(file, be, thr);
+        if (!exec) hopper = under_hopper(file, be, thr);
       } else if (b > 0) {
         bug = "(no bug case)";
       }
@@ -197,7 +231,9 @@ void register_faults(CLI::App& app) {
         mi = b == 0 ? fmt::format("false alarms: {} / {} / {} / {}", t.flagged[0], t.flagged[1], t.flagged[2], t.flagged[3])
                     : fmt::format("{} / {} / {} / {}", t.missed[0], t.missed[1], t.missed[2], t.missed[3]);
       std::cout << fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                               b == 0 ? "emulated (correct)" : "`" + be + "`", b == 0 ? "-" : bug, hopper, cols[0], cols[1],
+                               b == 0 ? (exec ? "`{fault}=none` (correct)" : "emulated (correct)")
+                                      : exec ? "`{fault}=" + fault_names[b] + "`" : "`" + be + "`",
+                               b == 0 ? "-" : bug, hopper, cols[0], cols[1],
                                cols[2], cols[3], sw, mi);
     }
     std::cout << "\n\"missed\": the familiar check passes the faulty output. \"@hopper\": the bug case run as "

@@ -35,6 +35,7 @@
 #include "tools/case_check.hpp"
 #include "tools/case_shrink.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/exec_backend.hpp"
 #include "tools/gate_sweep.hpp"
 #include "tools/junit.hpp"
 
@@ -134,9 +135,10 @@ std::string default_golden_dir() {
 }
 
 std::string gate_command(const GateOptions& o, const std::string& backend, int64_t index) {
-  std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", backend, o.seed, index);
+  std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", shell_quote(backend), o.seed, index);
   if (!o.presets_csv.empty()) s += " --presets " + o.presets_csv;
   if (o.int32_threshold > 0) s += fmt::format(" --int32-threshold {}", o.int32_threshold);
+  if (is_exec_backend(backend) && exec_timeout_seconds() != 600) s += fmt::format(" --exec-timeout {}", exec_timeout_seconds());
   return s;
 }
 
@@ -156,6 +158,8 @@ int run_gate(GateOptions& o) {
   }
   const BackendName bn = parse_backend_name(o.backend);
   const bool gpu = bn.gpu();
+  // Backends that run on the golden corpus's cases too (not only judged on their recordings).
+  const bool runs_on_corpus = gpu || bn.exec();
   if (gpu) {
     const GpuAvailability g = gpu_availability();
     if (!g.usable) throw InputError("", "--backend", o.backend + " needs a usable GPU: " + g.why);
@@ -353,7 +357,7 @@ int run_gate(GateOptions& o) {
           k.allow_vacuous = o.allow_vacuous;
           jobs.push_back({"/outputs/" + oi.name, k});
         }
-        if (gpu) {
+        if (runs_on_corpus) {
           CheckOptions k;
           k.backend = o.backend;
           k.allow_vacuous = o.allow_vacuous;
@@ -437,7 +441,7 @@ void register_gate(CLI::App& app) {
   auto o = std::make_shared<GateOptions>();
   auto* sub = app.add_subcommand("gate", "property sweep + golden corpus against a backend (what CI runs)");
   sub->add_option("--backend", o->backend,
-                  "emulated | faulty:<fault> (either with @hopper: Hopper wgmma block sums) | cuda | cublaslt "
+                  "emulated | faulty:<fault> (either with @hopper: Hopper wgmma block sums) | cuda | cublaslt | exec:CMD "
                   "(default: cuda with a GPU, else emulated)");
   o->cases_opt = sub->add_option("--cases", o->cases, "sweep cases to run (default 100)")->check(at_least(1));
   o->time_opt = sub->add_option("--time", o->time, "run sweep cases until S seconds have passed")
@@ -464,6 +468,7 @@ void register_gate(CLI::App& app) {
   sub->add_flag("-v,--verbose", o->verbose, "print every sweep case with its make-case command");
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress line");
+  add_exec_timeout_option(sub);
   set_runner(sub, [o]() { return run_gate(*o); });
 }
 

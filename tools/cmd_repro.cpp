@@ -16,6 +16,7 @@
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/exec_backend.hpp"
 #include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
@@ -59,6 +60,7 @@ void register_repro(CLI::App& app) {
   sub->add_option("--budget-model", o->model,
                   "judge with this model (default: the backend's or the recorded output's): " + budget_model_names())
       ->check(budget_model_validator());
+  add_exec_timeout_option(sub);
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
     const CaseReader& rd = cp.reader();

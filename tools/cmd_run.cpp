@@ -10,6 +10,7 @@
 #include "golden/case_problem.hpp"
 #include "tools/backend_run.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/exec_backend.hpp"
 
 namespace moecheck::cli {
 
@@ -22,22 +23,26 @@ void register_run(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
-  sub->add_option("--backend", o->backend, "emulated | faulty:<fault> | cuda | cublaslt")->required();
+  sub->add_option("--backend", o->backend, "emulated | faulty:<fault> | cuda | cublaslt | exec:CMD")->required();
   sub->add_option("--name", o->name, "output name (default: the backend name, '@' written as '+')");
   sub->add_flag("--expert-outputs", o->expert_outputs, "also record each slot's output before weighting");
   sub->add_option("--int32-threshold", o->int32_threshold,
                   "faulty:int32_overflow only: the flat index at which the emulated int32 wraps")->check(at_least(1));
+  add_exec_timeout_option(sub);
   sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case")->check(output_file());
   set_runner(sub, [o]() {
-    std::string name = o->name;
-    if (name.empty()) {  // a backend name with a model (faulty:F@hopper) is not an output name as is
-      name = o->backend;
-      std::replace(name.begin(), name.end(), '@', '+');
-    }
+    // A backend name with a model (faulty:F@hopper) is not an output name as is, nor a command line.
+    const std::string name = o->name.empty() ? default_output_name(o->backend) : o->name;
     if (!is_valid_output_name(name))  // before any work is done
       throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     const CaseProblem cp(o->path);
-    const BackendOutput r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
+    BackendOutput r;
+    try {
+      r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
+    } catch (const ExecFailure& e) {  // the backend's failure, not bad input: exit 1, nothing recorded
+      print_error(fmt::format("backend {} failed on {}: {}", shell_quote(o->backend), o->path, e.what()));
+      return kExitCheckFailed;
+    }
     OutputData d = to_output_data(r);
     record_input_hashes(cp.input_hashes(), d);
     add_output_to_case(o->path, name, d, o->out);

@@ -12,6 +12,7 @@
 
 #include "tools/case_shrink.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/exec_backend.hpp"
 #include "tools/reference_store.hpp"
 
 namespace moecheck::cli {
@@ -27,7 +28,7 @@ void register_shrink(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "the failing case")->required();
-  auto* b = sub->add_option("--backend", o->backend, "the backend that fails on it: emulated | faulty:<fault> | cuda | cublaslt");
+  auto* b = sub->add_option("--backend", o->backend, "the backend that fails on it: emulated | faulty:<fault> | cuda | cublaslt | exec:CMD");
   sub->add_option("--output", o->output, "judge this recorded output instead (only tokens and experts can be removed)")->excludes(b);
   sub->add_option("-o", o->out, "the minimal case to write")->check(output_file())->required();
   sub->add_option("--max-attempts", o->max_attempts, "candidates tried at most (default 400)");
@@ -40,6 +41,7 @@ void register_shrink(CLI::App& app) {
   sub->add_flag("--no-record", o->no_record, "do not record the failing output in the minimal case");
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
+  add_exec_timeout_option(sub);
   set_runner(sub, [o]() {
     if (o->backend.empty() && o->output.empty()) throw InputError("", "--backend", "give --backend B or --output NAME");
     ShrinkOptions so;

@@ -371,6 +371,46 @@ def rank_order(config, router_logits, routing_bias, topk_ids, *per_slot):
     return tuple(res)
 
 
+def _output_plan(o, T, k, H):
+    """Validates one Output against [T, H] / [T, k] / [T, k, H]; returns ({path: (array, attrs)},
+    the group's attributes). Raises ValueError ("outputs['name'].<field>: <rule>")."""
+    if not isinstance(o, Output):
+        _fail("outputs", f"must hold Output objects, got {type(o).__name__}")
+    w = f"outputs[{o.name!r}]"
+    ok = isinstance(o.name, str) and 1 <= len(o.name) <= 128 and all(
+        ch.isascii() and (ch.isalnum() or ch in "_.:+-") for ch in o.name)
+    if not ok:
+        _fail(w, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -")
+    data = {}
+    y = _array(f"{w}.output", o.output)
+    if y is None:
+        _fail(f"{w}.output", "required")
+    y, y_bf16 = _float_tensor(f"{w}.output", y)
+    _shape(f"{w}.output", y, (T, H), ("T", "H"))
+    data[f"/outputs/{o.name}/output"] = (y, {"dtype": "bfloat16"} if y_bf16 else {})
+    if o.topk_ids is not None:
+        ids = _int_tensor(f"{w}.topk_ids", _array(f"{w}.topk_ids", o.topk_ids))
+        _shape(f"{w}.topk_ids", ids, (T, k), ("T", "top_k"))
+        data[f"/outputs/{o.name}/topk_ids"] = (ids, {})
+    if o.topk_weights is not None:
+        tw, tw_bf16 = _float_tensor(f"{w}.topk_weights", _array(f"{w}.topk_weights", o.topk_weights))
+        _shape(f"{w}.topk_weights", tw, (T, k), ("T", "top_k"))
+        data[f"/outputs/{o.name}/topk_weights"] = (tw, {"dtype": "bfloat16"} if tw_bf16 else {})
+    if o.expert_outputs is not None:
+        eo, eo_bf16 = _float_tensor(f"{w}.expert_outputs", _array(f"{w}.expert_outputs", o.expert_outputs))
+        _shape(f"{w}.expert_outputs", eo, (T, k, H), ("T", "top_k", "H"))
+        data[f"/outputs/{o.name}/expert_outputs"] = (eo, {"dtype": "bfloat16"} if eo_bf16 else {})
+    if o.budget_model is not None and not re.fullmatch(r"fp32|hmma-f32|hopper|(bits|trunc):[0-9]+", o.budget_model):
+        _fail(f"{w}.budget_model", f"must be fp32 | hmma-f32 | hopper | bits:N | trunc:N, got {o.budget_model!r}")
+    attrs = {n: v for n, v in (("backend", o.backend), ("device", o.device), ("created", o.created),
+                               ("budget_model", o.budget_model)) if v is not None}
+    attrs.update(o.attrs)
+    for n, v in attrs.items():
+        if not isinstance(n, str) or not isinstance(v, str):
+            _fail(f"{w}.attrs", f"attributes are free text (str -> str), got {n!r}: {v!r}")
+    return data, attrs
+
+
 # ---- the case -----------------------------------------------------------------------------
 
 def prepare_case(config, *, hidden_states, router_logits, w13, w13_scale, w2, w2_scale, routing_bias=None,
@@ -452,41 +492,13 @@ def prepare_case(config, *, hidden_states, router_logits, w13, w13_scale, w2, w2
     for o in outs:
         if not isinstance(o, Output):
             _fail("outputs", f"must hold Output objects, got {type(o).__name__}")
-        w = f"outputs[{o.name!r}]"
-        ok = isinstance(o.name, str) and 1 <= len(o.name) <= 128 and all(
-            ch.isascii() and (ch.isalnum() or ch in "_.:+-") for ch in o.name)
-        if not ok:
-            _fail(w, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -")
         if o.name in names:
-            _fail(w, "two outputs with the same name")
+            _fail(f"outputs[{o.name!r}]", "two outputs with the same name")
         names.add(o.name)
-        y = _array(f"{w}.output", o.output)
-        if y is None:
-            _fail(f"{w}.output", "required")
-        y, y_bf16 = _float_tensor(f"{w}.output", y)
-        _shape(f"{w}.output", y, (T, H), ("T", "H"))
-        data[f"/outputs/{o.name}/output"] = (y, {"dtype": "bfloat16"} if y_bf16 else {})
+        odata, attrs = _output_plan(o, T, k, H)
+        data.update(odata)
         if o.topk_ids is not None:
-            ids = _int_tensor(f"{w}.topk_ids", _array(f"{w}.topk_ids", o.topk_ids))
-            _shape(f"{w}.topk_ids", ids, (T, k), ("T", "top_k"))
-            data[f"/outputs/{o.name}/topk_ids"] = (ids, {})
-            routed.update(int(i) for i in np.unique(ids))
-        if o.topk_weights is not None:
-            tw, tw_bf16 = _float_tensor(f"{w}.topk_weights", _array(f"{w}.topk_weights", o.topk_weights))
-            _shape(f"{w}.topk_weights", tw, (T, k), ("T", "top_k"))
-            data[f"/outputs/{o.name}/topk_weights"] = (tw, {"dtype": "bfloat16"} if tw_bf16 else {})
-        if o.expert_outputs is not None:
-            eo, eo_bf16 = _float_tensor(f"{w}.expert_outputs", _array(f"{w}.expert_outputs", o.expert_outputs))
-            _shape(f"{w}.expert_outputs", eo, (T, k, H), ("T", "top_k", "H"))
-            data[f"/outputs/{o.name}/expert_outputs"] = (eo, {"dtype": "bfloat16"} if eo_bf16 else {})
-        if o.budget_model is not None and not re.fullmatch(r"fp32|hmma-f32|hopper|(bits|trunc):[0-9]+", o.budget_model):
-            _fail(f"{w}.budget_model", f"must be fp32 | hmma-f32 | hopper | bits:N | trunc:N, got {o.budget_model!r}")
-        attrs = {n: v for n, v in (("backend", o.backend), ("device", o.device), ("created", o.created),
-                                   ("budget_model", o.budget_model)) if v is not None}
-        attrs.update(o.attrs)
-        for n, v in attrs.items():
-            if not isinstance(n, str) or not isinstance(v, str):
-                _fail(f"{w}.attrs", f"attributes are free text (str -> str), got {n!r}: {v!r}")
+            routed.update(int(i) for i in np.unique(odata[f"/outputs/{o.name}/topk_ids"][0]))
         out_attrs[f"/outputs/{o.name}"] = attrs
 
     # weights: slots of the given arrays -> global expert ids
@@ -598,3 +610,47 @@ def write_case(path, config, **tensors):
             os.unlink(tmp)
         raise
     return path
+
+
+def _atomic_h5(path, fill):
+    """Writes an HDF5 file through fill(h5py.File) into <path>.tmp.<pid>, renamed over path."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            fill(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_output(path, output, case=None):
+    """Writes the output file of an exec backend (`moecheck ... --backend exec:CMD`, tools/README.md):
+    one group /outputs/<output.name> in the case format (golden/FORMAT.md "Output files of exec
+    backends"), nothing else. `case`: the {case} file the kernel read; the shapes are then checked
+    against its T, top_k and H (without it, T and H come from output.output and k from topk_ids).
+    Validated like write_case (ValueError naming the field), written atomically."""
+    if not isinstance(output, Output):
+        _fail("output", f"must be an Output, got {type(output).__name__}")
+    if case is not None:
+        with h5py.File(case, "r") as f:
+            c = f["config"].attrs
+            T, k, H = f["inputs/hidden_states"].shape[0], int(c["top_k"]), int(c["hidden_size"])
+    else:
+        y = _array("output.output", output.output)
+        if y is None or y.ndim != 2:
+            _fail(f"outputs[{output.name!r}].output", "required, [T, H]")
+        T, H = y.shape
+        ids = _array("output.topk_ids", output.topk_ids)
+        tw = _array("output.topk_weights", output.topk_weights)
+        k = ids.shape[1] if ids is not None and ids.ndim == 2 else tw.shape[1] if tw is not None and tw.ndim == 2 else 0
+    data, attrs = _output_plan(output, T, k, H)
+
+    def fill(f):
+        f.create_group(f"outputs/{output.name}").attrs.update(attrs)
+        for p, (a, a_attrs) in data.items():
+            f.create_dataset(p, data=a).attrs.update(a_attrs)
+    return _atomic_h5(path, fill)
