@@ -10,6 +10,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
 
 #include <memory>
 #include <optional>
@@ -69,8 +72,10 @@ struct Report {
     return os.str();
   }
   std::string json() const { return report::render_json(context_with_data(), {result}); }
-  void html(const std::string& path) const { report::write_html_file(path, context_with_data(), {result}); }
-  void save_case(const std::string& path) const { add_output_to_case(case_path, result.name, data, path); }
+  void html(const std::filesystem::path& path) const { report::write_html_file(path.string(), context_with_data(), {result}); }
+  void save_case(const std::filesystem::path& path) const {
+    add_output_to_case(case_path, result.name, data, path.string());
+  }
 
  private:
   report::ReportContext context_with_data() const {
@@ -166,7 +171,10 @@ PYBIND11_MODULE(_moecheck, m) {
   });
 
   py::class_<Case>(m, "Case")
-      .def(py::init([](const std::string& path) { return Case{std::make_shared<CaseProblem>(path), path}; }),
+      .def(py::init([](const std::filesystem::path& p) {
+             const std::string path = p.string();
+             return Case{std::make_shared<CaseProblem>(path), path};
+           }),
            py::arg("path"), "Opens and validates a case file (every rule of `moecheck inspect`).")
       .def_readonly("path", &Case::path)
       .def_property_readonly("tokens", [](const Case& c) { return c.problem->tokens(); })

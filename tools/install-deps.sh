@@ -6,7 +6,8 @@ packages=(
   cmake g++ make
   libeigen3-dev libhdf5-dev libgtest-dev googletest librapidcheck-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-pytest
+  python3-dev pybind11-dev  # the Python module (python/)
   chromium
   clang libclang-rt-14-dev  # the libFuzzer run of the safetensors parser (tests/checkpoint_fuzz.sh)
 )

@@ -85,6 +85,11 @@ class Case:
         return self._native.path
 
     @property
+    def input_hash(self):
+        """The 64-bit hash (hex) of the config and every byte the reference reads (FORMAT.md)."""
+        return self._native.input_hash
+
+    @property
     def tokens(self):
         return self._native.tokens
 
