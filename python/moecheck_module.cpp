@@ -21,12 +21,14 @@
 #include <vector>
 
 #include "golden/case_file.hpp"
+#include "golden/case_generator.hpp"
 #include "golden/case_problem.hpp"
 #include "reference/budget_model.hpp"
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
+#include "tools/gate_sweep.hpp"
 #include "tools/report.hpp"
 
 namespace py = pybind11;
@@ -157,6 +159,17 @@ py::array_t<double> reference(const Case& c, const std::string& tier) {
   return out;
 }
 
+// Case `index` of the gate's sweep of `seed` (tools/gate_sweep.hpp: the same case `moecheck gate
+// --seed S --case i` runs), written to path; returns the make-case command that rebuilds it.
+std::string sweep_case_file(uint64_t seed, int64_t index, const std::vector<std::string>& presets,
+                            const std::filesystem::path& path) {
+  const std::vector<std::string> names = presets.empty() ? cli::default_sweep_presets(false) : presets;
+  const GeneratorOptions g = cli::sweep_case(seed, index, names);
+  py::gil_scoped_release unlocked;
+  write_case(plan_case(g, path.string()), path.string());
+  return make_case_command(g, path.string());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_moecheck, m) {
@@ -198,4 +211,6 @@ PYBIND11_MODULE(_moecheck, m) {
         py::arg("budget_model"), py::arg("allow_vacuous"), py::arg("requant_test"));
   m.def("reference", &reference, py::arg("case"), py::arg("tier"));
   m.def("budget_model_names", &budget_model_names);
+  m.def("sweep_case", &sweep_case_file, py::arg("seed"), py::arg("index"), py::arg("presets"), py::arg("path"));
+  m.def("default_sweep_presets", [] { return cli::default_sweep_presets(false); });
 }

@@ -28,7 +28,7 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 from . import _moecheck  # noqa: E402
 from . import capture  # noqa: E402
 
-__all__ = ["Case", "Report", "InputError", "LayerConfig", "judge", "reference", "budget_model_names"]
+__all__ = ["Case", "Report", "InputError", "LayerConfig", "judge", "reference", "budget_model_names", "gate", "shrink"]
 
 InputError = _moecheck.InputError
 LayerConfig = capture.LayerConfig
@@ -83,6 +83,28 @@ class Case:
     @property
     def path(self):
         return self._native.path
+
+    def arrays(self):
+        """The case's tensors as stored (golden/FORMAT.md): hidden_states (float32, or bf16 as
+        uint16 bits), router_logits, routing_bias, w13 / w2 (uint8 e4m3 codes), w13_scale /
+        w2_scale (float32), expert_ids (the stored experts' global ids), hidden_states_fp8 and
+        hidden_states_scale where the case has them."""
+        import h5py  # noqa: PLC0415
+        with h5py.File(self.path, "r") as f:
+            a = {n: f["inputs"][n][...] for n in f["inputs"]}
+            a.update({n: f["weights"][n][...] for n in f["weights"]})
+            if "expert_ids" not in a:
+                c = self.layer_config()
+                off = int(c.get("local_expert_offset", 0))
+                a["expert_ids"] = np.arange(off, off + a["w13"].shape[0], dtype=np.int32)
+        return a
+
+    def layer_config(self):
+        """The /config attributes as a dict (text as str, numbers as Python numbers)."""
+        import h5py  # noqa: PLC0415
+        with h5py.File(self.path, "r") as f:
+            return {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
+                    for k, v in f["config"].attrs.items()}
 
     @property
     def input_hash(self):
@@ -149,3 +171,6 @@ def judge(case, output, topk_ids=None, topk_weights=None, expert_outputs=None, b
     eo, eo_bf16 = (None, False) if expert_outputs is None else _floats("expert_outputs", expert_outputs)
     return _moecheck.judge(native, name, out, out_bf16, ids, wts, eo, eo_bf16, budget_model or "",
                            allow_vacuous, requant_test)
+
+
+from .sweep import gate, shrink  # noqa: E402
