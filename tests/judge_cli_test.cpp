@@ -106,5 +106,33 @@ TEST(JudgeCli, VacuousOutputIsFlagged) {
             j["outputs"][0]["power"]["scale_error"].get<double>());
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(JudgeCli, CompareWritesJunit) {
+  test::TempDir dir("judge-junit");
+  const std::string c = faulty_case(dir, "emulated", 8);
+  ASSERT_EQ(moecheck({"run", c, "--backend", "faulty:gate_up_swap"}).exit_code, 0);
+  auto r = moecheck({"compare", c, "-q", "--junit", dir.file("j.xml")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string x = read_text(dir.file("j.xml"));
+  EXPECT_NE(x.find("<testsuites name=\"moecheck compare\" tests=\"2\" failures=\"1\""), std::string::npos) << x;
+  EXPECT_NE(x.find("<testcase classname=\"" + c + "\" name=\"emulated\""), std::string::npos) << x;
+  const size_t f = x.find("name=\"faulty:gate_up_swap\"");
+  ASSERT_NE(f, std::string::npos) << x;
+  EXPECT_NE(x.find("<failure message=\"faulty:gate_up_swap: expert", f), std::string::npos) << x;
+  // A vacuous output allowed by --allow-vacuous is skipped (with its power), not passed.
+  r = moecheck({"compare", c, "-q", "--output", "emulated", "--budget-model", "bits:8", "--allow-vacuous", "--junit",
+                dir.file("v.xml")});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(read_text(dir.file("v.xml")).find("<skipped message=\"vacuous (allowed): "), std::string::npos)
+      << read_text(dir.file("v.xml"));
+  // Bad path: exit 2 naming the option, nothing written.
+  r = moecheck({"compare", c, "-q", "--junit", dir.file("no/such/dir/j.xml")});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+}
+
 }  // namespace
 }  // namespace moecheck

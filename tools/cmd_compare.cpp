@@ -1,4 +1,5 @@
-// `moecheck compare CASE [--output NAME | --all] [--tier quantized|ideal] [--json FILE] [--html FILE]`:
+// `moecheck compare CASE [--output NAME | --all] [--tier quantized|ideal] [--json FILE] [--html FILE]
+//                   [--junit FILE]`:
 // judges recorded outputs against the float64 reference and its error budgets
 // (reference/BUDGETS.md). Exit 0 when every judged output is within budget, 1 when one is not,
 // 2 for bad input.
@@ -6,17 +7,22 @@
 // Each output is judged with the budget model of the backend that made it (its budget_model
 // attribute, else by its backend attribute: reference/budget_model.hpp), or the one given with
 // --budget-model. The quantized-tier reference of a model is computed once per model, or taken
-// from /reference/quantized when its input hash and budget model match the case.
+// from /reference/quantized when its input hash and budget model match the case. --junit writes
+// one testsuite (the case) with one testcase per judged output: a failure's message is
+// failure_reason (case_check.hpp), its text the terminal report of that output; a vacuous output
+// that does not fail is "skipped" with its power line.
 #include <chrono>
 #include <fmt/format.h>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "golden/case_problem.hpp"
 #include "reference/moe_compare.hpp"
 #include "tools/backend_run.hpp"
 #include "tools/case_check.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/junit.hpp"
 #include "tools/reference_store.hpp"
 #include "tools/report.hpp"
 
@@ -33,12 +39,35 @@ ForwardResult as_ideal(ForwardResult q, const std::vector<double>& ideal_output)
   q.output = ideal_output;
   return q;
 }
+
+// The JUnit record of a compare run: the case a suite, each judged output a testcase.
+JunitSuite junit_suite(const report::ReportContext& ctx, const std::vector<CompareResult>& results, double seconds) {
+  JunitSuite suite{.name = "moecheck compare " + ctx.case_path, .cases = {}};
+  for (size_t i = 0; i < results.size(); ++i) {
+    const CompareResult& r = results[i];
+    JunitCase jc{.name = r.name, .classname = ctx.case_path, .seconds = seconds / double(results.size())};
+    report::ReportContext one = ctx;
+    one.data.clear();
+    std::ostringstream text;
+    report::write_text(text, one, {r});
+    if (!r.pass) {
+      jc.result = JunitCase::Result::failure;
+      jc.message = r.power.vacuous && r.checks_failed == 0 ? "vacuous: " + report::power_line(r) : failure_reason(r);
+      jc.text = text.str();
+    } else if (r.power.vacuous) {
+      jc.result = JunitCase::Result::skipped;
+      jc.message = "vacuous (allowed): " + report::power_line(r);
+    }
+    suite.cases.push_back(std::move(jc));
+  }
+  return suite;
+}
 }  // namespace
 
 void register_compare(CLI::App& app) {
   auto* sub = app.add_subcommand("compare", "judge recorded outputs against the float64 reference and its budgets");
   struct Opts {
-    std::string path, output, tier = "quantized", json, html, model;
+    std::string path, output, tier = "quantized", json, html, junit, model;
     bool all = false, quiet = false, allow_vacuous = false, requant_test = false;
   };
   auto o = std::make_shared<Opts>();
@@ -51,6 +80,7 @@ void register_compare(CLI::App& app) {
       ->check(budget_model_validator());
   sub->add_option("--json", o->json, "also write the report as JSON (tools/REPORT-SCHEMA.md)")->check(output_file());
   sub->add_option("--html", o->html, "also write a self-contained HTML page")->check(output_file());
+  sub->add_option("--junit", o->junit, "also write JUnit XML: one testcase per judged output")->check(output_file());
   sub->add_flag("--allow-vacuous", o->allow_vacuous,
                 "exit 0 for an output whose checks would not see it zeroed (BUDGETS.md §10.6; still reported VACUOUS)");
   sub->add_flag("--requant-test", o->requant_test,
@@ -129,6 +159,10 @@ void register_compare(CLI::App& app) {
     report::write_text(std::cout, ctx, results, topt);
     if (!o->json.empty()) report::write_json_file(o->json, ctx, results);
     if (!o->html.empty()) report::write_html_file(o->html, ctx, results);
+    if (!o->junit.empty())
+      write_junit_file(o->junit, {junit_suite(ctx, results, std::chrono::duration<double>(
+                                                                std::chrono::steady_clock::now() - t0).count())},
+                       "moecheck compare");
     if (!o->quiet)
       std::cerr << fmt::format("moecheck: compare took {:.2f} s (reference {:.2f} s)\n",
                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

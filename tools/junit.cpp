@@ -27,7 +27,7 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
-std::string render_junit(const std::vector<JunitSuite>& suites) {
+std::string render_junit(const std::vector<JunitSuite>& suites, const std::string& run) {
   int total = 0, failures = 0, errors = 0;
   double seconds = 0;
   std::string body;
@@ -55,13 +55,13 @@ std::string render_junit(const std::vector<JunitSuite>& suites) {
     body += cases + "  </testsuite>\n";
     total += int(s.cases.size()), failures += f, errors += e, seconds += t;
   }
-  return fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"moecheck gate\" tests=\"{}\" "
+  return fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"{}\" tests=\"{}\" "
                      "failures=\"{}\" errors=\"{}\" time=\"{:.3f}\">\n{}</testsuites>\n",
-                     total, failures, errors, seconds, body);
+                     xml_escape(run), total, failures, errors, seconds, body);
 }
 
-void write_junit_file(const std::string& path, const std::vector<JunitSuite>& suites) {
-  report::write_file_atomically(path, render_junit(suites), "--junit");
+void write_junit_file(const std::string& path, const std::vector<JunitSuite>& suites, const std::string& run) {
+  report::write_file_atomically(path, render_junit(suites, run), "--junit");
 }
 
 }  // namespace moecheck::cli

@@ -1,4 +1,4 @@
-// JUnit XML for CI systems (`moecheck gate --junit FILE`): one <testsuite> per part of a run
+// JUnit XML for CI systems (`moecheck gate --junit FILE`, `moecheck compare --junit FILE`): one <testsuite> per part of a run
 // (the sweep, the golden corpus), one <testcase> per case, a <failure> whose message is the
 // one-line reason and whose text holds the replay command; <error> for a case that could not be
 // judged. The widely read subset of the format (Jenkins / GitLab / GitHub reporters): testsuites >
@@ -23,9 +23,11 @@ struct JunitSuite {
   std::vector<JunitCase> cases;
 };
 
-std::string render_junit(const std::vector<JunitSuite>& suites);
+// `run`: the <testsuites> name, the command that ran ("moecheck gate", "moecheck compare").
+std::string render_junit(const std::vector<JunitSuite>& suites, const std::string& run = "moecheck gate");
 // Atomically (temporary + rename); InputError(path, "--junit", why) when it cannot be written.
-void write_junit_file(const std::string& path, const std::vector<JunitSuite>& suites);
+void write_junit_file(const std::string& path, const std::vector<JunitSuite>& suites,
+                      const std::string& run = "moecheck gate");
 
 // XML escaping of text and attribute values (& < > " ' and control characters).
 std::string xml_escape(const std::string& s);
