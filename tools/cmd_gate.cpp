@@ -107,6 +107,7 @@ class Progress {
 
 struct GateOptions {
   std::string backend, golden, work_dir, junit, shrink_dir, presets_csv;
+  std::vector<std::string> recipes;  // --recipe, in order (gate_sweep.hpp apply_recipes)
   int64_t cases = 100, case_index = -1, shrink = 1, int32_threshold = 0, max_failures = 0;
   double time = 0;
   uint64_t seed = 1;
@@ -137,6 +138,7 @@ std::string default_golden_dir() {
 std::string gate_command(const GateOptions& o, const std::string& backend, int64_t index) {
   std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", shell_quote(backend), o.seed, index);
   if (!o.presets_csv.empty()) s += " --presets " + o.presets_csv;
+  for (const std::string& r : o.recipes) s += " --recipe " + shell_quote(r);
   if (o.int32_threshold > 0) s += fmt::format(" --int32-threshold {}", o.int32_threshold);
   if (is_exec_backend(backend) && exec_timeout_seconds() != 600) s += fmt::format(" --exec-timeout {}", exec_timeout_seconds());
   return s;
@@ -171,6 +173,8 @@ int run_gate(GateOptions& o) {
     if (mp->full_size) throw InputError("", "--presets", fmt::format("{} is a full-size layer; the sweep takes tiny presets", p));
   }
   if (o.cases_opt->count() && o.time_opt->count()) throw InputError("", "--time", "give --cases or --time, not both");
+  if (GeneratorOptions probe; !o.recipes.empty())
+    if (const std::string rule = apply_recipes(probe, o.recipes); !rule.empty()) throw InputError("", "--recipe", rule);
   const bool int32_fault = bn.base == "faulty:int32_overflow";
   std::cout << fmt::format("gate: backend {} ({}), seed {}, presets {}\n", o.backend, why, o.seed, fmt::join(presets, ","));
   if (int32_fault && o.int32_threshold == 0)
@@ -210,7 +214,8 @@ int run_gate(GateOptions& o) {
   for (int64_t i = first; i < first + count; ++i) {
     if (o.time > 0 && progress.seconds() >= o.time) break;
     if (o.max_failures > 0 && int64_t(failures.size()) >= o.max_failures) break;
-    const GeneratorOptions g = sweep_case(o.seed, i, presets);
+    GeneratorOptions g = sweep_case(o.seed, i, presets);
+    apply_recipes(g, o.recipes);
     const std::string path = (fs::path(work) / fmt::format("case-{}.h5", i)).string();
     const std::string make = make_case_command(g, path);
     interrupt::ScratchPath case_scratch(path);
@@ -451,6 +456,9 @@ void register_gate(CLI::App& app) {
   sub->add_option("--case", o->case_index, "run only sweep case i (replay a failure), no golden corpus")
       ->check(at_least(0));
   sub->add_option("--presets", o->presets_csv, "comma-separated tiny presets (default: all tiny presets)");
+  sub->add_option("--recipe", o->recipes,
+                  "pin every sweep case to an engine recipe (golden/FORMAT.md): sglang | transformers | KEY=VALUE; "
+                  "repeatable, applied in order over the sweep's own draw");
   sub->add_option("--junit", o->junit, "write JUnit XML (one testsuite for the sweep, one for golden)")->check(output_file());
   sub->add_option("--golden", o->golden, "golden corpus directory (default: the source tree's golden/cases)");
   sub->add_flag("--no-golden", o->no_golden, "skip the golden corpus");

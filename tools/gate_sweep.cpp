@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "golden/engine_recipes.hpp"
 #include "golden/model_presets.hpp"
 #include "reference/counter_rng.hpp"
 
@@ -82,6 +83,17 @@ std::vector<std::string> sweep_features(const GeneratorOptions& o) {
   if (o.ep > 1) f.push_back(o.ep_rank > 0 ? "ep-offset" : "ep-rank0");
   if (o.routed_only) f.push_back("routed-only");
   return f;
+}
+
+std::string apply_recipes(GeneratorOptions& g, const std::vector<std::string>& recipes) {
+  MoeConfig rc;
+  rc.intermediate_dtype = g.intermediate_dtype, rc.routing_weight_dtype = g.routing_weight_dtype;
+  rc.recipe = g.recipe;
+  for (const std::string& r : recipes)
+    if (std::string rule = apply_recipe_setting(r, rc); !rule.empty()) return rule;
+  g.intermediate_dtype = rc.intermediate_dtype, g.routing_weight_dtype = rc.routing_weight_dtype;
+  g.recipe = rc.recipe;
+  return "";
 }
 
 }  // namespace moecheck::cli

@@ -33,6 +33,13 @@ std::vector<std::string> default_sweep_presets(bool gpu);
 
 GeneratorOptions sweep_case(uint64_t seed, int64_t index, const std::vector<std::string>& presets);
 
+// Pins a sweep case to engine recipes (golden/FORMAT.md "Engine recipes"; `gate --recipe`, for a
+// kernel of one recipe): each setting, in order, overrides what the sweep drew for the attributes
+// it names (intermediate_dtype, routing_weight_dtype and the recipe attributes); the rest of the
+// draw is kept, so case i of seed S under the same recipes is always the same case. Returns the
+// first setting's rule when one is not a recipe ("" when all applied).
+std::string apply_recipes(GeneratorOptions& g, const std::vector<std::string>& recipes);
+
 // The features a case exercises, as short labels ("preset=tiny-qwen", "dist=uniform", "ue8m0",
 // "ep", "tokens=1", ...), for the gate's per-feature counts.
 std::vector<std::string> sweep_features(const GeneratorOptions& o);

@@ -88,23 +88,12 @@ class Case:
         """The case's tensors as stored (golden/FORMAT.md): hidden_states (float32, or bf16 as
         uint16 bits), router_logits, routing_bias, w13 / w2 (uint8 e4m3 codes), w13_scale /
         w2_scale (float32), expert_ids (the stored experts' global ids), hidden_states_fp8 and
-        hidden_states_scale where the case has them."""
-        import h5py  # noqa: PLC0415
-        with h5py.File(self.path, "r") as f:
-            a = {n: f["inputs"][n][...] for n in f["inputs"]}
-            a.update({n: f["weights"][n][...] for n in f["weights"]})
-            if "expert_ids" not in a:
-                c = self.layer_config()
-                off = int(c.get("local_expert_offset", 0))
-                a["expert_ids"] = np.arange(off, off + a["w13"].shape[0], dtype=np.int32)
-        return a
+        hidden_states_scale where the case has them (capture.read_arrays)."""
+        return capture.read_arrays(self.path)
 
     def layer_config(self):
-        """The /config attributes as a dict (text as str, numbers as Python numbers)."""
-        import h5py  # noqa: PLC0415
-        with h5py.File(self.path, "r") as f:
-            return {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
-                    for k, v in f["config"].attrs.items()}
+        """The /config attributes as a dict (capture.read_config)."""
+        return capture.read_config(self.path)
 
     @property
     def input_hash(self):

@@ -74,18 +74,22 @@ def _first_line(e):
     return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def gate(backend, cases=100, seed=1, presets=None, budget_model=None, case=None, save_dir=None,
-         max_failures=None, quiet=False):
+def gate(backend, cases=100, seed=1, presets=None, recipe=None, budget_model=None, case=None, save_dir=None,
+         max_failures=None, requant_test=False, quiet=False):
     """Runs `cases` sweep cases of `seed` (or only sweep case `case`) through backend(Case) and
     judges each output with budget_model (default: backend.budget_model if the callable has one,
-    else an engine output's, hopper). Returns a GateResult (ok, failures, text()); prints
-    progress and each failure to stderr unless quiet."""
+    else an engine output's, hopper). presets: the tiny presets to draw from (default all);
+    recipe: an engine recipe or a list of settings pinned on every case (`gate --recipe`, e.g.
+    "sglang" for a kernel of that design); requant_test: also the re-quantization test
+    (BUDGETS.md §10.7). Returns a GateResult (ok, failures, text()); prints progress and each
+    failure to stderr unless quiet."""
     from . import Case, InputError, judge  # noqa: PLC0415 (package cycle)
 
     if not callable(backend):
         raise TypeError(f"backend must be callable (it takes a moecheck.Case), got {type(backend).__name__}")
     model = budget_model or getattr(backend, "budget_model", None)
     presets = list(presets) if presets else []
+    recipes = [recipe] if isinstance(recipe, str) else list(recipe or [])
     indices = [int(case)] if case is not None else range(int(cases))
     work = tempfile.mkdtemp(prefix="moecheck-pygate-")
     folder = save_dir or work
@@ -97,8 +101,9 @@ def gate(backend, cases=100, seed=1, presets=None, budget_model=None, case=None,
         for i in indices:
             result.cases += 1
             path = os.path.join(work, f"case-{i}.h5")
-            make = _moecheck.sweep_case(seed, i, presets, path)
-            replay = f"moecheck.gate({bname}, seed={seed}, case={i}" + (f", presets={presets}" if presets else "") + ")"
+            make = _moecheck.sweep_case(seed, i, presets, recipes, path)
+            replay = (f"moecheck.gate({bname}, seed={seed}, case={i}" + (f", presets={presets}" if presets else "")
+                      + (f", recipe={recipes}" if recipes else "") + ")")
             failure = None
             try:
                 c = Case.load(path)
@@ -113,7 +118,8 @@ def gate(backend, cases=100, seed=1, presets=None, budget_model=None, case=None,
                     say(tb.rstrip())
             if failure is None:
                 try:
-                    r = judge(c, name=OUTPUT_NAME, budget_model=model, allow_vacuous=True, **outs)
+                    r = judge(c, name=OUTPUT_NAME, budget_model=model, allow_vacuous=True, requant_test=requant_test,
+                              **outs)
                 except (ValueError, TypeError) as e:
                     failure = GateFailure(i, f"the backend's output is malformed: {_first_line(e)}", None, make, replay)
                 else:

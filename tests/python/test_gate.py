@@ -66,3 +66,24 @@ def test_shrink_needs_an_importable_callable(tmp_path):
 def test_shrink_checks_the_spec_first(tmp_path):
     with pytest.raises(ValueError, match="cannot be imported by a subprocess"):
         moecheck.shrink(tmp_path / "x.h5", "no_such_module_here:kernel", tmp_path / "y.h5")
+
+
+def test_recipe_pins_every_case(tmp_path):
+    seen = []
+
+    def spy(case):
+        seen.append(case.layer_config())
+        return k.correct(case)
+    spy.budget_model = "fp32"
+    r = moecheck.gate(spy, cases=12, seed=3, presets=["tiny-deepseek", "tiny-kimi"], recipe="sglang", quiet=True)
+    assert r.ok, r.text()
+    assert len(seen) == 12
+    assert all(c["intermediate_dtype"] == "bf16" and c["combine"] == "bf16_slots" for c in seen)
+    assert {c["routing"] for c in seen} == {"deepseek_v3"}
+    # the CLI's gate draws the same cases under the same recipe
+    r = run_cli("gate", "--backend", "emulated", "--cases", 12, "--seed", 3, "--presets", "tiny-deepseek,tiny-kimi",
+                "--recipe", "sglang", "--no-golden", "-q", "-v", check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("--intermediate-dtype bf16") == 12 and r.stdout.count("--recipe combine=bf16_slots") == 12, r.stdout
+    with pytest.raises(moecheck.InputError, match="recipe"):
+        moecheck.gate(spy, cases=1, recipe="no-such-recipe", quiet=True)

@@ -654,3 +654,26 @@ def write_output(path, output, case=None):
         for p, (a, a_attrs) in data.items():
             f.create_dataset(p, data=a).attrs.update(a_attrs)
     return _atomic_h5(path, fill)
+
+
+# ---- reading a case back (what a kernel run as an exec backend needs) ------------------------
+
+def read_config(path):
+    """The case's /config attributes as a dict (text as str, numbers as Python numbers)."""
+    with h5py.File(path, "r") as f:
+        return {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
+                for k, v in f["config"].attrs.items()}
+
+
+def read_arrays(path):
+    """The case's tensors as stored (FORMAT.md): every dataset of /inputs and /weights by name
+    (hidden_states float32, or bf16 as uint16 bits; w13 / w2 uint8 e4m3 codes; scales float32),
+    with expert_ids (the stored experts' global ids) filled in when the case stores every local
+    expert."""
+    with h5py.File(path, "r") as f:
+        a = {n: f["inputs"][n][...] for n in f["inputs"]}
+        a.update({n: f["weights"][n][...] for n in f["weights"]})
+        if "expert_ids" not in a:
+            off = int(f["config"].attrs.get("local_expert_offset", 0))
+            a["expert_ids"] = np.arange(off, off + a["w13"].shape[0], dtype=np.int32)
+    return a
