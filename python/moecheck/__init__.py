@@ -14,6 +14,7 @@ dtype, ml_dtypes or uint8 codes. The encodings and layouts are those of tools/ca
 (moecheck.capture here): FlashInfer's [H/128, T] activation scales with act_scale_layout=
 "flashinfer", w13 in up/gate order with LayerConfig(gate_up_layout="up_gate").
 """
+import json
 import os
 import shutil
 import tempfile
@@ -33,6 +34,20 @@ __all__ = ["Case", "Report", "InputError", "LayerConfig", "judge", "reference", 
 InputError = _moecheck.InputError
 LayerConfig = capture.LayerConfig
 Report = _moecheck.Report
+
+
+def _report_doc(report):
+    return json.loads(report.to_json())["outputs"][0]
+
+
+# The structured facts of a report, as the JSON report has them (tools/REPORT-SCHEMA.md).
+Report.experts = property(lambda r: _report_doc(r)["experts"],
+                          doc="per-expert rows, worst first: expert, tokens, max_ratio, bias and energy tests, status")
+Report.worst = property(lambda r: {**_report_doc(r)["worst"], "max_ratio": _report_doc(r)["max_ratio"]},
+                        doc="the worst element: token, col and its ratio |observed - reference| / budget")
+Report.power = property(lambda r: _report_doc(r)["power"],
+                        doc="what the checks could have seen (BUDGETS.md §10.6): smallest detectable scale errors")
+Report.__repr__ = lambda r: f"<moecheck.Report {r.name}: {r.status}>"
 
 
 def budget_model_names():

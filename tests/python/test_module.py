@@ -146,3 +146,13 @@ def test_import_does_not_load_cuda():
     first, maps = r.stdout.split("\n", 1)
     assert first == "False", "import moecheck must not import torch"
     assert "libcublas" not in maps and "libcudart" not in maps, "import moecheck must not load CUDA libraries"
+
+
+def test_report_rows(tiny_case):
+    case = moecheck.Case.load(tiny_case)
+    o = read_output(tiny_case, "faulty:gate_up_swap")
+    r = moecheck.judge(case, o["output"], topk_ids=o["topk_ids"], budget_model="fp32", name="k")
+    assert r.experts and r.experts[0]["status"] == "fail" and "max_ratio" in r.experts[0]
+    assert r.worst["max_ratio"] > 1 and {"token", "col"} <= set(r.worst)
+    assert "scale_error" in r.power
+    assert repr(r) == "<moecheck.Report k: fail>"
