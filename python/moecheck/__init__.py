@@ -84,16 +84,7 @@ class Case:
 
     def save(self, path):
         """Writes the case to path atomically (a temporary in the same directory, then a rename)."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        try:
-            shutil.copyfile(self._native.path, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        return capture.atomic_write(path, lambda tmp: shutil.copyfile(self._native.path, tmp))
 
     @property
     def path(self):

@@ -43,49 +43,10 @@ class Refused(Exception):
     """A case this kernel does not implement: exit 3 with the message."""
 
 
-# ---- number formats -------------------------------------------------------------------------
+# ---- number formats: the e4m3 and bf16 codecs of tests/h5py/numpy_moe.py ----------------------
 
-def _e4m3_table():
-    c = np.arange(256)
-    e, m = (c >> 3) & 0xF, c & 7
-    mag = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8) * 2.0 ** (e - 7.0))
-    v = np.where(c & 0x80, -mag, mag)
-    v[(c & 0x7F) == 0x7F] = np.nan
-    return v
-
-
-E4M3 = _e4m3_table()
-E4M3_F32 = E4M3.astype(F32)
-_POS = E4M3[:0x7F]  # finite magnitudes, ascending
-
-
-def e4m3_decode(codes):
-    return E4M3_F32[codes]
-
-
-def e4m3_encode(x):
-    """float32 -> e4m3fn codes: nearest, ties to even, |x| > 448 -> 448 (satfinite)."""
-    x = np.asarray(x, dtype=np.float64)  # float32 values are exact in float64, and so are the midpoints
-    a = np.minimum(np.abs(x), 448.0)
-    hi = np.clip(np.searchsorted(_POS, a, side="left"), 1, 0x7E)
-    lo = hi - 1
-    dlo, dhi = a - _POS[lo], _POS[hi] - a
-    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
-    pick = np.where(a == 0, 0, pick)
-    codes = (pick | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
-    codes[np.isnan(x)] = 0x7F
-    return codes
-
-
-def bf16_bits(x):
-    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    bits[np.isnan(np.asarray(x, dtype=F32))] = 0x7FC0
-    return bits
-
-
-def bf16_value(bits):
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(F32)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "h5py"))
+from numpy_moe import bf16_bits, bf16_value, e4m3_decode, e4m3_encode  # noqa: E402,F401
 
 
 def bf16_round(x):

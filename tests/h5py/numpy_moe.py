@@ -49,9 +49,11 @@ def e4m3_encode(x):
 
 
 def bf16_bits(x):
-    """float32 -> bfloat16 bits (uint16), round to nearest even."""
+    """float32 -> bfloat16 bits (uint16), round to nearest even; NaN -> the quiet NaN 0x7FC0."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits[np.isnan(np.asarray(x, dtype=np.float32))] = 0x7FC0
+    return bits
 
 
 def bf16_value(bits):

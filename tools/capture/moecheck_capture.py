@@ -591,19 +591,27 @@ def write_case(path, config, **tensors):
     """Validates (prepare_case), then writes the case to `path` atomically: a temporary
     <path>.tmp.<pid> in the same directory, renamed over `path` only when complete."""
     plan = prepare_case(config, **tensors)
+
+    def fill(f):
+        f.attrs.update(plan["root"])
+        f.create_group("config").attrs.update(plan["config"])
+        for g in ("inputs", "weights"):
+            f.create_group(g)
+        for p, attrs in plan["groups"].items():
+            f.require_group(p).attrs.update(attrs)
+        for p, (a, attrs) in plan["data"].items():
+            d = f.create_dataset(p, data=a, chunks=_chunks(a) if p.startswith("/weights/") else None)
+            d.attrs.update(attrs)
+    return _atomic_h5(path, fill)
+
+
+def atomic_write(path, write):
+    """write(tmp) fills <path>.tmp.<pid> (same directory), which is then renamed over path; on any
+    error or interruption the temporary is removed and path is left as it was."""
     path = os.fspath(path)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs.update(plan["root"])
-            f.create_group("config").attrs.update(plan["config"])
-            for g in ("inputs", "weights"):
-                f.create_group(g)
-            for p, attrs in plan["groups"].items():
-                f.require_group(p).attrs.update(attrs)
-            for p, (a, attrs) in plan["data"].items():
-                d = f.create_dataset(p, data=a, chunks=_chunks(a) if p.startswith("/weights/") else None)
-                d.attrs.update(attrs)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -613,18 +621,11 @@ def write_case(path, config, **tensors):
 
 
 def _atomic_h5(path, fill):
-    """Writes an HDF5 file through fill(h5py.File) into <path>.tmp.<pid>, renamed over path."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
+    """Writes an HDF5 file through fill(h5py.File) atomically (atomic_write)."""
+    def write(tmp):
         with h5py.File(tmp, "w") as f:
             fill(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, write)
 
 
 def write_output(path, output, case=None):
