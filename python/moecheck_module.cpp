@@ -24,7 +24,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
-#include "tools/report.hpp"
+#include "tools/report/report.hpp"
 
 namespace py = pybind11;
 using namespace moecheck;
