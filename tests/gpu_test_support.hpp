@@ -142,6 +142,14 @@ struct MoeCase {
   int64_t check_stride = 1;       // CPU GEMM/SiLU checks on every n-th token only (huge T)
 };
 std::ostream& operator<<(std::ostream& os, const MoeCase& m);  // self-describing: name(k=v,...)
+// A case of this shape, everything else at its default.
+MoeCase make_case(std::string name, RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T);
+// The whole-layer cases of the GPU backends (gpu_moe_test.cpp, gpu_cublaslt_test.cpp), one
+// registry: T = 1, ragged T, experts spanning several M tiles, experts with zero tokens, all
+// tokens on one expert, EP (offset > 0, tokens with no local expert), every routing method,
+// UE8M0 scales, up_gate, bf16 intermediates and weights, the bf16 entry, DeepSeek-V3 sizes,
+// T = 16384. Seeds unset: each test numbers its own selection.
+std::vector<MoeCase> layer_cases();
 
 struct MoeHostData {
   std::vector<float> logits, bias;             // [T, E], [E] or empty
@@ -171,6 +179,10 @@ struct MoeGpuRun {
 // Poisons outputs and the workspace with 0xFF bytes, runs the MoE, downloads everything.
 // via_graph: capture the call on a stream into a CUDA graph and launch the graph instead.
 MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph = false);
+// The outputs and every intermediate of a finished run (the runners of both GPU backends): b is
+// the workspace's stage buffers, out / eo / ids / wts the run's outputs.
+MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceBuffer<uint16_t>& out,
+                       const DeviceBuffer<float>& eo, const DeviceBuffer<int32_t>& ids, const DeviceBuffer<float>& wts);
 
 // All stage checks of a run (routing, permutation, GEMM1, SiLU re-quantization, GEMM2, finalize,
 // end to end), merged.
