@@ -40,6 +40,10 @@ inline CLI::Validator seed_text() {
 // a file to be written: its directory exists and is writable, and it is not a directory itself
 // (checked before any work, so a bad path never costs a run nor leaves a partial file);
 CLI::Validator output_file();
+// --budget-model's check: the names of reference/budget_model.hpp.
+CLI::Validator budget_model_validator();
+// --exec-timeout S on a subcommand that takes exec:CMD backends (judge/exec_backend.hpp).
+void add_exec_timeout_option(CLI::App* sub);
 // counts and indices: at least `lo`.
 inline CLI::Validator at_least(int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); }
 

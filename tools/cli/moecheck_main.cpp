@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include "golden/interrupt.hpp"
+#include "reference/budget_model.hpp"
 #include "reference/errors.hpp"
 #include "tools/cli/cli_common.hpp"
+#include "tools/judge/exec_backend.hpp"
 
 namespace moecheck::cli {
 
@@ -36,6 +38,26 @@ CLI::Validator output_file() {
         return "";
       },
       "FILE");
+}
+
+CLI::Validator budget_model_validator() {
+  return CLI::Validator(
+      [](std::string& s) {
+        try {
+          parse_budget_model(s);
+          return std::string();
+        } catch (const InputError& e) {
+          return e.rule();
+        }
+      },
+      "MODEL");
+}
+
+void add_exec_timeout_option(CLI::App* sub) {
+  sub->add_option_function<double>(
+         "--exec-timeout", [](const double& seconds) { set_exec_timeout_seconds(seconds); },
+         "exec:CMD backends: seconds the command may run before it is killed (default 600)")
+      ->check(CLI::Range(1e-3, 1e7));
 }
 
 }  // namespace moecheck::cli

@@ -32,10 +32,6 @@
 #include "golden/case_problem.hpp"
 #include "kernels/backend_output.hpp"
 
-namespace CLI {
-class App;
-}
-
 namespace moecheck::cli {
 
 // The backend's failure (exit status, timeout, missing or malformed output): judged as a failure
@@ -68,9 +64,9 @@ std::string shell_quote(std::string_view s);
 std::string default_output_name(const std::string& backend);
 
 // Seconds an exec command may run (default 600); --exec-timeout on run, gate, shrink, repro and
-// faults sets it for the whole process.
+// faults (cli/cli_common.hpp) sets it for the whole process.
 double exec_timeout_seconds();
-void add_exec_timeout_option(CLI::App* sub);
+void set_exec_timeout_seconds(double seconds);
 
 // Runs the command on the case (steps above). expert_outputs = false drops the expert outputs
 // the command wrote. The result's budget_model is the output's attribute (empty: the default of

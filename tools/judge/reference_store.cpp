@@ -10,19 +10,6 @@
 
 namespace moecheck::cli {
 
-CLI::Validator budget_model_validator() {
-  return CLI::Validator(
-      [](std::string& s) {
-        try {
-          parse_budget_model(s);
-          return std::string();
-        } catch (const InputError& e) {
-          return e.rule();
-        }
-      },
-      "MODEL");
-}
-
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
                                 bool progress, bool requant_terms) {
   ForwardOptions opt;

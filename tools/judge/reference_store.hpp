@@ -3,7 +3,6 @@
 // only when its input hash and budget model match the case and the request.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
 
@@ -12,9 +11,6 @@
 #include "reference/moe_forward.hpp"
 
 namespace moecheck::cli {
-
-// --budget-model's check: the names of reference/budget_model.hpp.
-CLI::Validator budget_model_validator();
 
 // The forward of one tier (budget only for the quantized tier), with a progress line on stderr.
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
