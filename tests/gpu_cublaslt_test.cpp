@@ -49,44 +49,20 @@ struct LtRun {
 
 LtRun run_cublaslt_on_gpu(const MoeCase& m, const MoeHostData& d, CublasLtOperandOrder order) {
   const MoeConfig& c = m.c;
-  const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size;
-  DeviceBuffer<float> logits(d.logits), bias(d.bias);
-  DeviceBuffer<uint16_t> hidden_bf16(d.hidden_bf16);
-  DeviceBuffer<uint8_t> hidden_codes(d.hidden_codes);
-  DeviceBuffer<float> hidden_scales(d.hidden_scales);
-  DeviceBuffer<uint8_t> w13(d.w13), w2(d.w2);
-  DeviceBuffer<float> w13s(d.w13_scale), w2s(d.w2_scale);
-  DeviceBuffer<uint16_t> out(static_cast<size_t>(T * H));
-  DeviceBuffer<float> eo(static_cast<size_t>(T * k * H));
-  DeviceBuffer<int32_t> ids(static_cast<size_t>(T * k));
-  DeviceBuffer<float> wts(static_cast<size_t>(T * k));
+  const int64_t T = m.tokens;
+  DeviceLayer dl(m, d);
 
   kernels::CublasLtMoeWorkspace ws(c, T, order);
   MOECHECK_CUDA_CHECK(cudaMemset(ws.stage_data(), 0xFF, ws.stage_bytes()));
   MOECHECK_CUDA_CHECK(cudaMemset(ws.extra_data(), 0xFF, ws.extra_bytes()));
 
-  kernels::Fp8BlockScaleMoeInputs in;
-  in.routing_logits = logits.get();
-  in.routing_bias = m.bias ? bias.get() : nullptr;
-  in.gemm1_weights = w13.get();
-  in.gemm1_weights_scale = w13s.get();
-  in.gemm2_weights = w2.get();
-  in.gemm2_weights_scale = w2s.get();
-  in.num_tokens = T;
-  const kernels::Fp8BlockScaleMoeOutputs o{out.get(), eo.get(), ids.get(), wts.get()};
-  if (m.bf16_entry) {
-    in.hidden_states_bf16 = hidden_bf16.get();
-    kernels::cublaslt_fp8_block_scale_moe_from_bf16(c, in, o, ws, nullptr);
-  } else {
-    in.hidden_states = hidden_codes.get();
-    in.hidden_states_scale = hidden_scales.get();
-    kernels::cublaslt_fp8_block_scale_moe(c, in, o, ws, nullptr);
-  }
+  if (m.bf16_entry) kernels::cublaslt_fp8_block_scale_moe_from_bf16(c, dl.in, dl.o, ws, nullptr);
+  else kernels::cublaslt_fp8_block_scale_moe(c, dl.in, dl.o, ws, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
 
   LtRun run;
   run.algos = ws.last_algorithms();
-  run.g = download_run(m, ws.buffers(), out, eo, ids, wts);
+  run.g = download_run(m, ws.buffers(), dl);
   return run;
 }
 

@@ -392,15 +392,40 @@ std::vector<MoeCase> layer_cases() {
 
 // ---- GPU run ------------------------------------------------------------------------------------
 
-MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceBuffer<uint16_t>& out,
-                       const DeviceBuffer<float>& eo, const DeviceBuffer<int32_t>& ids, const DeviceBuffer<float>& wts) {
+DeviceLayer::DeviceLayer(const MoeCase& m, const MoeHostData& d)
+    : logits(d.logits),
+      bias(d.bias),
+      hidden_bf16(d.hidden_bf16),
+      hidden_codes(d.hidden_codes),
+      hidden_scales(d.hidden_scales),
+      w13(d.w13),
+      w2(d.w2),
+      w13s(d.w13_scale),
+      w2s(d.w2_scale),
+      out(static_cast<size_t>(m.tokens * m.c.hidden_size)),
+      eo(static_cast<size_t>(m.tokens * m.c.top_k * m.c.hidden_size)),
+      ids(static_cast<size_t>(m.tokens * m.c.top_k)),
+      wts(static_cast<size_t>(m.tokens * m.c.top_k)),
+      o{out.get(), eo.get(), ids.get(), wts.get()} {
+  in.routing_logits = logits.get();
+  in.routing_bias = m.bias ? bias.get() : nullptr;
+  in.gemm1_weights = w13.get();
+  in.gemm1_weights_scale = w13s.get();
+  in.gemm2_weights = w2.get();
+  in.gemm2_weights_scale = w2s.get();
+  in.num_tokens = m.tokens;
+  if (m.bf16_entry) in.hidden_states_bf16 = hidden_bf16.get();
+  else in.hidden_states = hidden_codes.get(), in.hidden_states_scale = hidden_scales.get();
+}
+
+MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceLayer& dl) {
   const MoeConfig& c = m.c;
   const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size, I = c.intermediate_size, El = c.local_experts();
   MoeGpuRun g;
-  g.out = out.download();
-  g.expert_outputs = eo.download();
-  g.topk_ids = ids.download();
-  g.topk_weights = wts.download();
+  g.out = dl.out.download();
+  g.expert_outputs = dl.eo.download();
+  g.topk_ids = dl.ids.download();
+  g.topk_weights = dl.wts.download();
   const kernels::PermuteCapacity cap = kernels::permute_capacity(T, k, El);
   g.rows = cap.max_rows;
   const auto rows = static_cast<size_t>(cap.max_rows);
@@ -425,36 +450,15 @@ MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const Dev
 
 MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph) {
   const MoeConfig& c = m.c;
-  const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size;
-  DeviceBuffer<float> logits(d.logits);
-  DeviceBuffer<float> bias(d.bias);
-  DeviceBuffer<uint16_t> hidden_bf16(d.hidden_bf16);
-  DeviceBuffer<uint8_t> hidden_codes(d.hidden_codes);
-  DeviceBuffer<float> hidden_scales(d.hidden_scales);
-  DeviceBuffer<uint8_t> w13(d.w13), w2(d.w2);
-  DeviceBuffer<float> w13s(d.w13_scale), w2s(d.w2_scale);
-  DeviceBuffer<uint16_t> out(static_cast<size_t>(T * H));
-  DeviceBuffer<float> eo(static_cast<size_t>(T * k * H));
-  DeviceBuffer<int32_t> ids(static_cast<size_t>(T * k));
-  DeviceBuffer<float> wts(static_cast<size_t>(T * k));
+  const int64_t T = m.tokens;
+  DeviceLayer dl(m, d);
 
   kernels::MoeWorkspace ws(c, T);
   MOECHECK_CUDA_CHECK(cudaMemset(ws.data(), 0xFF, ws.bytes()));
 
-  kernels::Fp8BlockScaleMoeInputs in;
-  in.routing_logits = logits.get();
-  in.routing_bias = m.bias ? bias.get() : nullptr;
-  in.gemm1_weights = w13.get();
-  in.gemm1_weights_scale = w13s.get();
-  in.gemm2_weights = w2.get();
-  in.gemm2_weights_scale = w2s.get();
-  in.num_tokens = T;
-  kernels::Fp8BlockScaleMoeOutputs o{out.get(), eo.get(), ids.get(), wts.get()};
-  if (m.bf16_entry) in.hidden_states_bf16 = hidden_bf16.get();
-  else in.hidden_states = hidden_codes.get(), in.hidden_states_scale = hidden_scales.get();
   auto layer = [&](cudaStream_t s) {
-    if (m.bf16_entry) kernels::fp8_block_scale_moe_from_bf16(c, in, o, ws, s);
-    else kernels::fp8_block_scale_moe(c, in, o, ws, s);
+    if (m.bf16_entry) kernels::fp8_block_scale_moe_from_bf16(c, dl.in, dl.o, ws, s);
+    else kernels::fp8_block_scale_moe(c, dl.in, dl.o, ws, s);
   };
   if (!via_graph) {
     layer(nullptr);
@@ -480,7 +484,7 @@ MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph)
     MOECHECK_CUDA_CHECK(cudaStreamDestroy(s));
   }
 
-  return download_run(m, ws.buffers(), out, eo, ids, wts);
+  return download_run(m, ws.buffers(), dl);
 }
 
 }  // namespace moecheck::gputest

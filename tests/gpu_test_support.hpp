@@ -176,13 +176,28 @@ struct MoeGpuRun {
   std::vector<float> gemm2_out;         // [rows, H]
   int64_t rows = 0;                     // capacity rows downloaded
 };
+// A case on the device, for the runners of both GPU backends: its inputs uploaded, its outputs
+// allocated (poisoned), and the layer's arguments pointing at them (the entry m.bf16_entry names).
+struct DeviceLayer {
+  DeviceLayer(const MoeCase& m, const MoeHostData& d);
+  DeviceBuffer<float> logits, bias;
+  DeviceBuffer<uint16_t> hidden_bf16;
+  DeviceBuffer<uint8_t> hidden_codes;
+  DeviceBuffer<float> hidden_scales;
+  DeviceBuffer<uint8_t> w13, w2;
+  DeviceBuffer<float> w13s, w2s;
+  DeviceBuffer<uint16_t> out;  // [T, H]
+  DeviceBuffer<float> eo;      // [T, k, H]
+  DeviceBuffer<int32_t> ids;   // [T, k]
+  DeviceBuffer<float> wts;     // [T, k]
+  kernels::Fp8BlockScaleMoeInputs in;
+  kernels::Fp8BlockScaleMoeOutputs o;
+};
+// The outputs and every intermediate of a finished run; b: the workspace's stage buffers.
+MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceLayer& dl);
 // Poisons outputs and the workspace with 0xFF bytes, runs the MoE, downloads everything.
 // via_graph: capture the call on a stream into a CUDA graph and launch the graph instead.
 MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph = false);
-// The outputs and every intermediate of a finished run (the runners of both GPU backends): b is
-// the workspace's stage buffers, out / eo / ids / wts the run's outputs.
-MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceBuffer<uint16_t>& out,
-                       const DeviceBuffer<float>& eo, const DeviceBuffer<int32_t>& ids, const DeviceBuffer<float>& wts);
 
 // All stage checks of a run (routing, permutation, GEMM1, SiLU re-quantization, GEMM2, finalize,
 // end to end), merged.
