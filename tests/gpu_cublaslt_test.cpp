@@ -274,14 +274,8 @@ CheckReport check_agreement(const MoeCase& m, const MoeHostData& d, const MoeGpu
   return all;
 }
 
-struct AgreeCase {
-  MoeCase m;
-  CublasLtOperandOrder order;
-};
-std::ostream& operator<<(std::ostream& os, const AgreeCase& c) { return os << c.m << "[" << to_string(c.order) << "]"; }
-
-std::vector<AgreeCase> agree_cases() {
-  std::vector<AgreeCase> v;
+std::vector<LtCase> agree_cases() {
+  std::vector<LtCase> v;
   {
     auto m = make_case("agree_renormalize_f32", RoutingMethod::renormalize, 32, 4, 512, 256, 100);
     v.push_back({m, CublasLtOperandOrder::weights_as_a});
@@ -298,25 +292,21 @@ std::vector<AgreeCase> agree_cases() {
     m.name += "_activations_as_a";
     v.push_back({m, CublasLtOperandOrder::activations_as_a});
   }
-  {
-    auto m = make_case("agree_deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 4);
-    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.local_expert_offset = 32, m.c.local_num_experts = 4;
-    m.c.routing_weight_dtype = Precision::bf16;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.favour_first = 3;
-    m.fast_weights = true;
-    v.push_back({m, CublasLtOperandOrder::weights_as_a});
-  }
+  for (MoeCase m : layer_cases())  // the registry's DeepSeek-V3 shapes case, at T = 4
+    if (m.name == "deepseek_v3_shapes") {
+      m.name = "agree_deepseek_v3_shapes";
+      m.tokens = 4;
+      v.push_back({m, CublasLtOperandOrder::weights_as_a});
+    }
   for (size_t i = 0; i < v.size(); ++i) v[i].m.seed = 3000 + i;
   return v;
 }
 
-class GpuCublasLtAgreement : public ::testing::TestWithParam<AgreeCase> {};
+class GpuCublasLtAgreement : public ::testing::TestWithParam<LtCase> {};
 
 TEST_P(GpuCublasLtAgreement, SameRoutingAndOutputsWithinBothBounds) {
   MOECHECK_REQUIRE_GPU();
-  const AgreeCase& ac = GetParam();
+  const LtCase& ac = GetParam();
   SCOPED_TRACE(::testing::PrintToString(ac));
   const MoeHostData d = make_moe_data(ac.m);
   const LtRun lt = run_cublaslt_on_gpu(ac.m, d, ac.order);
@@ -334,7 +324,7 @@ TEST_P(GpuCublasLtAgreement, SameRoutingAndOutputsWithinBothBounds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCublasLtAgreement, ::testing::ValuesIn(agree_cases()),
-                         [](const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.m.name; });
+                         [](const ::testing::TestParamInfo<LtCase>& i) { return i.param.m.name; });
 
 // ---- Properties ---------------------------------------------------------------------------------
 
