@@ -286,36 +286,6 @@ void run_expert_gemms(CublasLtMoeWorkspace::Impl& im, const ExpertGemms& g, cuda
   }
 }
 
-void check_inputs(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
-                  const CublasLtMoeWorkspace& ws, bool bf16_entry) {
-  const char* who = "cublaslt_fp8_block_scale_moe";
-  MoeWorkspace::required_bytes(c, 1);  // the cuda backend's configuration rules
-  require(in.num_tokens >= 0, who, "num_tokens must be >= 0");
-  require(ws.fits(c, in.num_tokens), who,
-          "the workspace was not made for this shape (top_k, local experts, hidden, intermediate) or holds "
-          "fewer than num_tokens = " + std::to_string(in.num_tokens) + " tokens");
-  if (in.num_tokens == 0) return;
-  require_ptr(in.routing_logits, who, "routing_logits", 4);
-  if (in.routing_bias != nullptr) require_ptr(in.routing_bias, who, "routing_bias", 4);
-  if (bf16_entry) {
-    require_ptr(in.hidden_states_bf16, who, "hidden_states_bf16", 16);
-    require(in.hidden_states == nullptr && in.hidden_states_scale == nullptr, who,
-            "the bf16 entry takes hidden_states_bf16 only (hidden_states / hidden_states_scale must be null)");
-  } else {
-    require_ptr(in.hidden_states, who, "hidden_states", 16);
-    require_ptr(in.hidden_states_scale, who, "hidden_states_scale", 4);
-    require(in.hidden_states_bf16 == nullptr, who, "the fp8 entry does not take hidden_states_bf16");
-  }
-  require_ptr(in.gemm1_weights, who, "gemm1_weights", 16);  // cuBLASLt: 16-byte aligned operands
-  require_ptr(in.gemm1_weights_scale, who, "gemm1_weights_scale", 4);  // repacked into our own buffer
-  require_ptr(in.gemm2_weights, who, "gemm2_weights", 16);
-  require_ptr(in.gemm2_weights_scale, who, "gemm2_weights_scale", 4);
-  require_ptr(out.output, who, "output", 8);
-  if (out.expert_outputs != nullptr) require_ptr(out.expert_outputs, who, "expert_outputs", 16);
-  if (out.topk_ids != nullptr) require_ptr(out.topk_ids, who, "topk_ids", 4);
-  if (out.topk_weights != nullptr) require_ptr(out.topk_weights, who, "topk_weights", 4);
-}
-
 // [E * blocks][L] -> [E * blocks][L4], the pad columns zero (cuBLASLt's column stride rule).
 void repack_blk_scales(const float* src, int64_t blocks, int64_t L, float* dst, cudaStream_t stream) {
   const int64_t L4 = round_up4(L);
@@ -330,7 +300,9 @@ void repack_blk_scales(const float* src, int64_t blocks, int64_t L, float* dst, 
 void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
                       CublasLtMoeWorkspace& ws, cudaStream_t stream, bool bf16_entry) {
   const char* who = "cublaslt_fp8_block_scale_moe";
-  check_inputs(c, in, out, ws, bf16_entry);
+  MoeWorkspace::required_bytes(c, 1);  // the cuda backend's configuration rules
+  // cuBLASLt also takes 16-byte aligned operands; the weight scales are repacked into our own buffer.
+  check_layer_arguments(who, in, out, ws.fits(c, in.num_tokens), bf16_entry);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MOECHECK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   require(capture == cudaStreamCaptureStatusNone, who,

@@ -1,6 +1,6 @@
 // One cuBLASLt block-scaled FP8 GEMM on caller data, for `moecheck probe`: the library's
 // accumulation (which wgmma chain, where the per-block scales are applied, split-K) is fitted
-// against the measured instruction model (reference/tensor_core_model.hpp) by tools/probe_gemm.
+// against the measured instruction model (reference/tensor_core_model.hpp) by tools/probe/probe_gemm.
 // Plain C++ header; the implementation (cublaslt_probe.cu) needs the CUDA build.
 #pragma once
 

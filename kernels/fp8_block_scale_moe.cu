@@ -85,39 +85,10 @@ MoeBuffers carve(const Shape& s, char* base, size_t* total) {
   return b;
 }
 
-void check_inputs(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
-                  const MoeWorkspace& ws, bool bf16_entry) {
-  const char* who = "fp8_block_scale_moe";
-  require(in.num_tokens >= 0, who, "num_tokens must be >= 0");
-  require(ws.fits(c, in.num_tokens), who,
-          "the workspace was not made for this shape (top_k, local experts, hidden, intermediate) or holds "
-          "fewer than num_tokens = " + std::to_string(in.num_tokens) + " tokens");
-  if (in.num_tokens == 0) return;
-  require_ptr(in.routing_logits, who, "routing_logits", 4);
-  if (in.routing_bias != nullptr) require_ptr(in.routing_bias, who, "routing_bias", 4);
-  if (bf16_entry) {
-    require_ptr(in.hidden_states_bf16, who, "hidden_states_bf16", 16);
-    require(in.hidden_states == nullptr && in.hidden_states_scale == nullptr, who,
-            "the bf16 entry takes hidden_states_bf16 only (hidden_states / hidden_states_scale must be null)");
-  } else {
-    require_ptr(in.hidden_states, who, "hidden_states", 16);
-    require_ptr(in.hidden_states_scale, who, "hidden_states_scale", 4);
-    require(in.hidden_states_bf16 == nullptr, who, "the fp8 entry does not take hidden_states_bf16");
-  }
-  require_ptr(in.gemm1_weights, who, "gemm1_weights", 16);
-  require_ptr(in.gemm1_weights_scale, who, "gemm1_weights_scale", 4);
-  require_ptr(in.gemm2_weights, who, "gemm2_weights", 16);
-  require_ptr(in.gemm2_weights_scale, who, "gemm2_weights_scale", 4);
-  require_ptr(out.output, who, "output", 8);
-  if (out.expert_outputs != nullptr) require_ptr(out.expert_outputs, who, "expert_outputs", 16);
-  if (out.topk_ids != nullptr) require_ptr(out.topk_ids, who, "topk_ids", 4);
-  if (out.topk_weights != nullptr) require_ptr(out.topk_weights, who, "topk_weights", 4);
-}
-
 void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out, MoeWorkspace& ws,
          cudaStream_t stream, bool bf16_entry) {
   validate_config(c);
-  check_inputs(c, in, out, ws, bf16_entry);
+  check_layer_arguments("fp8_block_scale_moe", in, out, ws.fits(c, in.num_tokens), bf16_entry);
   const int64_t T = in.num_tokens;
   if (T == 0) return;
   const MoeBuffers& b = ws.buffers();
@@ -192,6 +163,34 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
 }
 
 }  // namespace
+
+void check_layer_arguments(const char* who, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
+                           bool workspace_fits, bool bf16_entry) {
+  require(in.num_tokens >= 0, who, "num_tokens must be >= 0");
+  require(workspace_fits, who,
+          "the workspace was not made for this shape (top_k, local experts, hidden, intermediate) or holds "
+          "fewer than num_tokens = " + std::to_string(in.num_tokens) + " tokens");
+  if (in.num_tokens == 0) return;
+  require_ptr(in.routing_logits, who, "routing_logits", 4);
+  if (in.routing_bias != nullptr) require_ptr(in.routing_bias, who, "routing_bias", 4);
+  if (bf16_entry) {
+    require_ptr(in.hidden_states_bf16, who, "hidden_states_bf16", 16);
+    require(in.hidden_states == nullptr && in.hidden_states_scale == nullptr, who,
+            "the bf16 entry takes hidden_states_bf16 only (hidden_states / hidden_states_scale must be null)");
+  } else {
+    require_ptr(in.hidden_states, who, "hidden_states", 16);
+    require_ptr(in.hidden_states_scale, who, "hidden_states_scale", 4);
+    require(in.hidden_states_bf16 == nullptr, who, "the fp8 entry does not take hidden_states_bf16");
+  }
+  require_ptr(in.gemm1_weights, who, "gemm1_weights", 16);
+  require_ptr(in.gemm1_weights_scale, who, "gemm1_weights_scale", 4);
+  require_ptr(in.gemm2_weights, who, "gemm2_weights", 16);
+  require_ptr(in.gemm2_weights_scale, who, "gemm2_weights_scale", 4);
+  require_ptr(out.output, who, "output", 8);
+  if (out.expert_outputs != nullptr) require_ptr(out.expert_outputs, who, "expert_outputs", 16);
+  if (out.topk_ids != nullptr) require_ptr(out.topk_ids, who, "topk_ids", 4);
+  if (out.topk_weights != nullptr) require_ptr(out.topk_weights, who, "topk_weights", 4);
+}
 
 size_t MoeWorkspace::required_bytes(const MoeConfig& c, int64_t max_tokens) {
   validate_config(c);

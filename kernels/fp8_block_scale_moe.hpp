@@ -115,6 +115,12 @@ class MoeWorkspace {
   StageHook hook_;
 };
 
+// The argument checks of one layer run, shared by both GPU backends (this one and
+// cublaslt_moe.hpp): std::invalid_argument "<who>: <rule>" before anything is launched.
+// workspace_fits: the backend's workspace was made for this shape and holds num_tokens tokens.
+void check_layer_arguments(const char* who, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
+                           bool workspace_fits, bool bf16_entry);
+
 // The MoE on FP8 hidden states + transposed scales (FlashInfer's input contract).
 void fp8_block_scale_moe(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockScaleMoeOutputs& out,
                          MoeWorkspace& ws, cudaStream_t stream);

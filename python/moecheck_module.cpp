@@ -29,8 +29,8 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
-#include "tools/gate_sweep.hpp"
-#include "tools/report.hpp"
+#include "tools/report/report.hpp"
+#include "tools/sweep/gate_sweep.hpp"
 
 namespace py = pybind11;
 using namespace moecheck;
@@ -160,7 +160,7 @@ py::array_t<double> reference(const Case& c, const std::string& tier) {
   return out;
 }
 
-// Case `index` of the gate's sweep of `seed` (tools/gate_sweep.hpp: the same case `moecheck gate
+// Case `index` of the gate's sweep of `seed` (tools/sweep/gate_sweep.hpp: the same case `moecheck gate
 // --seed S --case i` runs), written to path; returns the make-case command that rebuilds it.
 std::string sweep_case_file(uint64_t seed, int64_t index, const std::vector<std::string>& presets,
                             const std::vector<std::string>& recipes, const std::filesystem::path& path) {

@@ -1,4 +1,4 @@
-# `--backend exec:CMD` (tools/exec_backend.hpp): any kernel as an external command. The tests run
+# `--backend exec:CMD` (tools/judge/exec_backend.hpp): any kernel as an external command. The tests run
 # the moecheck binary with tests/exec/numpy_moe_kernel.py (a numpy float32 kernel of the recipe,
 # and its mutants) and with shell commands that fail in every way a backend command can (exit
 # status, signal, timeout, no / garbage / malformed output file, interruption). The kernel needs

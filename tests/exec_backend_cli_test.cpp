@@ -1,4 +1,4 @@
-// `--backend exec:CMD` through the binary (tools/exec_backend.hpp): the numpy kernel of
+// `--backend exec:CMD` through the binary (tools/judge/exec_backend.hpp): the numpy kernel of
 // tests/exec/numpy_moe_kernel.py passes the gate and its mutants fail it; shrink minimizes a
 // failing case through the same command; a command that exits non-zero, outlives the timeout,
 // writes garbage, writes nothing or writes a malformed output file is the backend's failure

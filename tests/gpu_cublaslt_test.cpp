@@ -15,7 +15,8 @@
 //   GpuCublasLtProperties run-to-run bit identity; graph capture refused cleanly
 //
 // Without a usable CUDA device the GPU tests report SKIPPED ("no CUDA device: ...").
-// Adding a case: append to lt_cases() (the name and parameters print as the test's trace).
+// Adding a case: append to layer_cases() (gpu_test_support.cpp; the name and parameters print as
+// the test's trace).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,18 +41,6 @@ constexpr double kU32 = 0x1p-24;
 constexpr double kBf16 = 0x1p-8;
 constexpr int64_t kB = 128;
 
-MoeCase make_case(std::string name, RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T) {
-  MoeCase m;
-  m.name = std::move(name);
-  m.c.num_experts = E;
-  m.c.top_k = k;
-  m.c.hidden_size = H;
-  m.c.intermediate_size = I;
-  m.c.routing = method;
-  m.tokens = T;
-  return m;
-}
-
 // ---- Runner (the cublaslt twin of run_moe_on_gpu) -----------------------------------------------
 struct LtRun {
   MoeGpuRun g;
@@ -60,68 +49,20 @@ struct LtRun {
 
 LtRun run_cublaslt_on_gpu(const MoeCase& m, const MoeHostData& d, CublasLtOperandOrder order) {
   const MoeConfig& c = m.c;
-  const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size, I = c.intermediate_size, El = c.local_experts();
-  DeviceBuffer<float> logits(d.logits), bias(d.bias);
-  DeviceBuffer<uint16_t> hidden_bf16(d.hidden_bf16);
-  DeviceBuffer<uint8_t> hidden_codes(d.hidden_codes);
-  DeviceBuffer<float> hidden_scales(d.hidden_scales);
-  DeviceBuffer<uint8_t> w13(d.w13), w2(d.w2);
-  DeviceBuffer<float> w13s(d.w13_scale), w2s(d.w2_scale);
-  DeviceBuffer<uint16_t> out(static_cast<size_t>(T * H));
-  DeviceBuffer<float> eo(static_cast<size_t>(T * k * H));
-  DeviceBuffer<int32_t> ids(static_cast<size_t>(T * k));
-  DeviceBuffer<float> wts(static_cast<size_t>(T * k));
+  const int64_t T = m.tokens;
+  DeviceLayer dl(m, d);
 
   kernels::CublasLtMoeWorkspace ws(c, T, order);
   MOECHECK_CUDA_CHECK(cudaMemset(ws.stage_data(), 0xFF, ws.stage_bytes()));
   MOECHECK_CUDA_CHECK(cudaMemset(ws.extra_data(), 0xFF, ws.extra_bytes()));
 
-  kernels::Fp8BlockScaleMoeInputs in;
-  in.routing_logits = logits.get();
-  in.routing_bias = m.bias ? bias.get() : nullptr;
-  in.gemm1_weights = w13.get();
-  in.gemm1_weights_scale = w13s.get();
-  in.gemm2_weights = w2.get();
-  in.gemm2_weights_scale = w2s.get();
-  in.num_tokens = T;
-  const kernels::Fp8BlockScaleMoeOutputs o{out.get(), eo.get(), ids.get(), wts.get()};
-  if (m.bf16_entry) {
-    in.hidden_states_bf16 = hidden_bf16.get();
-    kernels::cublaslt_fp8_block_scale_moe_from_bf16(c, in, o, ws, nullptr);
-  } else {
-    in.hidden_states = hidden_codes.get();
-    in.hidden_states_scale = hidden_scales.get();
-    kernels::cublaslt_fp8_block_scale_moe(c, in, o, ws, nullptr);
-  }
+  if (m.bf16_entry) kernels::cublaslt_fp8_block_scale_moe_from_bf16(c, dl.in, dl.o, ws, nullptr);
+  else kernels::cublaslt_fp8_block_scale_moe(c, dl.in, dl.o, ws, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
 
   LtRun run;
   run.algos = ws.last_algorithms();
-  MoeGpuRun& g = run.g;
-  g.out = out.download();
-  g.expert_outputs = eo.download();
-  g.topk_ids = ids.download();
-  g.topk_weights = wts.download();
-  const kernels::MoeBuffers& b = ws.buffers();
-  const kernels::PermuteCapacity cap = kernels::permute_capacity(T, k, El);
-  g.rows = cap.max_rows;
-  const auto rows = static_cast<size_t>(cap.max_rows);
-  using I32 = DeviceBuffer<int32_t>;
-  using F32 = DeviceBuffer<float>;
-  if (m.bf16_entry) {
-    g.hidden_codes = DeviceBuffer<uint8_t>::download_from(b.hidden_codes, static_cast<size_t>(T * H));
-    g.hidden_scales = F32::download_from(b.hidden_scales, static_cast<size_t>(T * H / kB));
-  }
-  g.expert_count = I32::download_from(b.plan.expert_count, static_cast<size_t>(El));
-  g.row_offset = I32::download_from(b.plan.row_offset, static_cast<size_t>(El + 1));
-  g.tile_expert = I32::download_from(b.plan.tile_expert, static_cast<size_t>(cap.max_tiles));
-  g.slot_to_row = I32::download_from(b.plan.slot_to_row, static_cast<size_t>(T * k));
-  g.row_to_slot = I32::download_from(b.plan.row_to_slot, rows);
-  g.totals = I32::download_from(b.plan.totals, 2);
-  g.gemm1_out = F32::download_from(b.gemm1_out, rows * static_cast<size_t>(2 * I));
-  g.a2_codes = DeviceBuffer<uint8_t>::download_from(b.a2_codes, rows * static_cast<size_t>(I));
-  g.a2_scales = F32::download_from(b.a2_scales, rows * static_cast<size_t>(I / kB));
-  g.gemm2_out = F32::download_from(b.gemm2_out, rows * static_cast<size_t>(H));
+  run.g = download_run(m, ws.buffers(), dl);
   return run;
 }
 
@@ -176,68 +117,13 @@ struct LtCase {
 std::ostream& operator<<(std::ostream& os, const LtCase& c) { return os << c.m << "[" << to_string(c.order) << "]"; }
 
 std::vector<LtCase> lt_cases() {
+  // The registry's cases (layer_cases) but llama4 and bf16_entry_sigmoid_eps, which this test has
+  // never run; deepseek_v3_shapes with T = 16 (T = 3 on the cuda backend).
   std::vector<MoeCase> v;
-  {
-    auto m = make_case("t1_deepseek_grouped", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 1);
-    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    v.push_back(m);
-  }
-  // H = 384, I = 256: L = 3 and 2, so both BLK128x128 scale tensors need the L4 padding.
-  v.push_back(make_case("ragged_t_renormalize", RoutingMethod::renormalize, 8, 3, 384, 256, 37));
-  v.push_back(make_case("multi_tile_softmax_topk", RoutingMethod::softmax_topk, 4, 2, 256, 128, 300));
-  {
-    auto m = make_case("zero_token_experts_sigmoid", RoutingMethod::sigmoid_renormalize, 32, 2, 128, 256, 5);
-    m.bias = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("all_tokens_one_expert", RoutingMethod::softmax_topk, 8, 1, 256, 128, 130);
-    m.force_expert = 5;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("ep_offset_deepseek", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 40);
-    m.c.local_expert_offset = 4, m.c.local_num_experts = 8, m.bias = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("ep_tokens_without_local_expert", RoutingMethod::renormalize, 16, 2, 128, 128, 20);
-    m.c.local_expert_offset = 8, m.c.local_num_experts = 4;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("ue8m0_up_gate_bf16", RoutingMethod::deepseek_v3, 32, 4, 256, 256, 17);
-    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.scale_format = ScaleFormat::ue8m0;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.c.intermediate_dtype = Precision::bf16;
-    m.c.routing_weight_dtype = Precision::bf16;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("bf16_entry_ue8m0", RoutingMethod::renormalize, 8, 2, 384, 128, 33);
-    m.bf16_entry = true;
-    m.c.scale_format = ScaleFormat::ue8m0;
-    m.zero_group_tokens = 3;
-    v.push_back(m);
-  }
-  {
-    // DeepSeek-V3 layer shapes (HF deepseek-ai/DeepSeek-V3 config.json) on an EP shard of 4
-    // experts in group 1.
-    auto m = make_case("deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 16);
-    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.local_expert_offset = 32, m.c.local_num_experts = 4;
-    m.c.routing_weight_dtype = Precision::bf16;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.favour_first = 3;
-    m.fast_weights = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("t16384", RoutingMethod::renormalize, 16, 4, 256, 128, 16384);
-    m.check_stride = 97;
-    m.zero_group_tokens = 5;
-    v.push_back(m);
+  for (MoeCase m : layer_cases()) {
+    if (m.name == "llama4" || m.name == "bf16_entry_sigmoid_eps") continue;
+    if (m.name == "deepseek_v3_shapes") m.tokens = 16;
+    v.push_back(std::move(m));
   }
   std::vector<LtCase> cases;
   for (size_t i = 0; i < v.size(); ++i) {
@@ -388,14 +274,8 @@ CheckReport check_agreement(const MoeCase& m, const MoeHostData& d, const MoeGpu
   return all;
 }
 
-struct AgreeCase {
-  MoeCase m;
-  CublasLtOperandOrder order;
-};
-std::ostream& operator<<(std::ostream& os, const AgreeCase& c) { return os << c.m << "[" << to_string(c.order) << "]"; }
-
-std::vector<AgreeCase> agree_cases() {
-  std::vector<AgreeCase> v;
+std::vector<LtCase> agree_cases() {
+  std::vector<LtCase> v;
   {
     auto m = make_case("agree_renormalize_f32", RoutingMethod::renormalize, 32, 4, 512, 256, 100);
     v.push_back({m, CublasLtOperandOrder::weights_as_a});
@@ -412,25 +292,21 @@ std::vector<AgreeCase> agree_cases() {
     m.name += "_activations_as_a";
     v.push_back({m, CublasLtOperandOrder::activations_as_a});
   }
-  {
-    auto m = make_case("agree_deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 4);
-    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.local_expert_offset = 32, m.c.local_num_experts = 4;
-    m.c.routing_weight_dtype = Precision::bf16;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.favour_first = 3;
-    m.fast_weights = true;
-    v.push_back({m, CublasLtOperandOrder::weights_as_a});
-  }
+  for (MoeCase m : layer_cases())  // the registry's DeepSeek-V3 shapes case, at T = 4
+    if (m.name == "deepseek_v3_shapes") {
+      m.name = "agree_deepseek_v3_shapes";
+      m.tokens = 4;
+      v.push_back({m, CublasLtOperandOrder::weights_as_a});
+    }
   for (size_t i = 0; i < v.size(); ++i) v[i].m.seed = 3000 + i;
   return v;
 }
 
-class GpuCublasLtAgreement : public ::testing::TestWithParam<AgreeCase> {};
+class GpuCublasLtAgreement : public ::testing::TestWithParam<LtCase> {};
 
 TEST_P(GpuCublasLtAgreement, SameRoutingAndOutputsWithinBothBounds) {
   MOECHECK_REQUIRE_GPU();
-  const AgreeCase& ac = GetParam();
+  const LtCase& ac = GetParam();
   SCOPED_TRACE(::testing::PrintToString(ac));
   const MoeHostData d = make_moe_data(ac.m);
   const LtRun lt = run_cublaslt_on_gpu(ac.m, d, ac.order);
@@ -448,7 +324,7 @@ TEST_P(GpuCublasLtAgreement, SameRoutingAndOutputsWithinBothBounds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCublasLtAgreement, ::testing::ValuesIn(agree_cases()),
-                         [](const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.m.name; });
+                         [](const ::testing::TestParamInfo<LtCase>& i) { return i.param.m.name; });
 
 // ---- Properties ---------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
 // layout, bf16 intermediates and weights, the bf16 entry, DeepSeek-V3 sizes (H = 7168,
 // I = 2048) and T = 16384; then RapidCheck draws random configurations.
 //
-// Adding a case: append to moe_cases() (the name and parameters print as the test's trace).
+// Adding a case: append to layer_cases() (gpu_test_support.cpp; both GPU backends run it; the
+// name and parameters print as the test's trace).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -24,89 +25,8 @@
 namespace moecheck::gputest {
 namespace {
 
-MoeCase make_case(std::string name, RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T) {
-  MoeCase m;
-  m.name = std::move(name);
-  m.c.num_experts = E;
-  m.c.top_k = k;
-  m.c.hidden_size = H;
-  m.c.intermediate_size = I;
-  m.c.routing = method;
-  m.tokens = T;
-  return m;
-}
-
 std::vector<MoeCase> moe_cases() {
-  std::vector<MoeCase> v;
-  {
-    auto m = make_case("t1_deepseek_grouped", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 1);
-    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    v.push_back(m);
-  }
-  v.push_back(make_case("ragged_t_renormalize", RoutingMethod::renormalize, 8, 3, 384, 256, 37));
-  v.push_back(make_case("multi_tile_softmax_topk", RoutingMethod::softmax_topk, 4, 2, 256, 128, 300));
-  {
-    auto m = make_case("zero_token_experts_sigmoid", RoutingMethod::sigmoid_renormalize, 32, 2, 128, 256, 5);
-    m.bias = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("all_tokens_one_expert", RoutingMethod::softmax_topk, 8, 1, 256, 128, 130);
-    m.force_expert = 5;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("ep_offset_deepseek", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 40);
-    m.c.local_expert_offset = 4, m.c.local_num_experts = 8, m.bias = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("ep_tokens_without_local_expert", RoutingMethod::renormalize, 16, 2, 128, 128, 20);
-    m.c.local_expert_offset = 8, m.c.local_num_experts = 4;
-    v.push_back(m);
-  }
-  v.push_back(make_case("llama4", RoutingMethod::llama4, 16, 1, 256, 256, 50));
-  {
-    auto m = make_case("ue8m0_up_gate_bf16", RoutingMethod::deepseek_v3, 32, 4, 256, 256, 17);
-    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.scale_format = ScaleFormat::ue8m0;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.c.intermediate_dtype = Precision::bf16;
-    m.c.routing_weight_dtype = Precision::bf16;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("bf16_entry_ue8m0", RoutingMethod::renormalize, 8, 2, 384, 128, 33);
-    m.bf16_entry = true;
-    m.c.scale_format = ScaleFormat::ue8m0;
-    m.zero_group_tokens = 3;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("bf16_entry_sigmoid_eps", RoutingMethod::sigmoid_renormalize, 16, 3, 256, 128, 9);
-    m.bf16_entry = true;
-    m.c.act_eps = 1e-3;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    v.push_back(m);
-  }
-  {
-    // DeepSeek-V3 layer shapes (HF deepseek-ai/DeepSeek-V3 config.json) on an EP shard of 4
-    // experts in group 1.
-    auto m = make_case("deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 3);
-    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.local_expert_offset = 32, m.c.local_num_experts = 4;
-    m.c.routing_weight_dtype = Precision::bf16;
-    m.c.gate_up_layout = GateUpLayout::up_gate;
-    m.favour_first = 3;
-    m.fast_weights = true;
-    v.push_back(m);
-  }
-  {
-    auto m = make_case("t16384", RoutingMethod::renormalize, 16, 4, 256, 128, 16384);
-    m.check_stride = 97;
-    m.zero_group_tokens = 5;
-    v.push_back(m);
-  }
+  std::vector<MoeCase> v = layer_cases();
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 1000 + i;
   return v;
 }

@@ -301,40 +301,164 @@ MoeHostData make_moe_data(const MoeCase& m) {
   return d;
 }
 
+// ---- Whole-layer cases -------------------------------------------------------------------------
+
+MoeCase make_case(std::string name, RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T) {
+  MoeCase m;
+  m.name = std::move(name);
+  m.c.num_experts = E;
+  m.c.top_k = k;
+  m.c.hidden_size = H;
+  m.c.intermediate_size = I;
+  m.c.routing = method;
+  m.tokens = T;
+  return m;
+}
+
+std::vector<MoeCase> layer_cases() {
+  std::vector<MoeCase> v;
+  {
+    auto m = make_case("t1_deepseek_grouped", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 1);
+    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
+    v.push_back(m);
+  }
+  // H = 384, I = 256: L = 3 and 2, so both BLK128x128 scale tensors need cuBLASLt's L4 padding.
+  v.push_back(make_case("ragged_t_renormalize", RoutingMethod::renormalize, 8, 3, 384, 256, 37));
+  v.push_back(make_case("multi_tile_softmax_topk", RoutingMethod::softmax_topk, 4, 2, 256, 128, 300));
+  {
+    auto m = make_case("zero_token_experts_sigmoid", RoutingMethod::sigmoid_renormalize, 32, 2, 128, 256, 5);
+    m.bias = true;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("all_tokens_one_expert", RoutingMethod::softmax_topk, 8, 1, 256, 128, 130);
+    m.force_expert = 5;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("ep_offset_deepseek", RoutingMethod::deepseek_v3, 16, 4, 256, 128, 40);
+    m.c.local_expert_offset = 4, m.c.local_num_experts = 8, m.bias = true;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("ep_tokens_without_local_expert", RoutingMethod::renormalize, 16, 2, 128, 128, 20);
+    m.c.local_expert_offset = 8, m.c.local_num_experts = 4;
+    v.push_back(m);
+  }
+  v.push_back(make_case("llama4", RoutingMethod::llama4, 16, 1, 256, 256, 50));
+  {
+    auto m = make_case("ue8m0_up_gate_bf16", RoutingMethod::deepseek_v3, 32, 4, 256, 256, 17);
+    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
+    m.c.scale_format = ScaleFormat::ue8m0;
+    m.c.gate_up_layout = GateUpLayout::up_gate;
+    m.c.intermediate_dtype = Precision::bf16;
+    m.c.routing_weight_dtype = Precision::bf16;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("bf16_entry_ue8m0", RoutingMethod::renormalize, 8, 2, 384, 128, 33);
+    m.bf16_entry = true;
+    m.c.scale_format = ScaleFormat::ue8m0;
+    m.zero_group_tokens = 3;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("bf16_entry_sigmoid_eps", RoutingMethod::sigmoid_renormalize, 16, 3, 256, 128, 9);
+    m.bf16_entry = true;
+    m.c.act_eps = 1e-3;
+    m.c.gate_up_layout = GateUpLayout::up_gate;
+    v.push_back(m);
+  }
+  {
+    // DeepSeek-V3 layer shapes (HF deepseek-ai/DeepSeek-V3 config.json) on an EP shard of 4
+    // experts in group 1.
+    auto m = make_case("deepseek_v3_shapes", RoutingMethod::deepseek_v3, 256, 8, 7168, 2048, 3);
+    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
+    m.c.local_expert_offset = 32, m.c.local_num_experts = 4;
+    m.c.routing_weight_dtype = Precision::bf16;
+    m.c.gate_up_layout = GateUpLayout::up_gate;
+    m.favour_first = 3;
+    m.fast_weights = true;
+    v.push_back(m);
+  }
+  {
+    auto m = make_case("t16384", RoutingMethod::renormalize, 16, 4, 256, 128, 16384);
+    m.check_stride = 97;
+    m.zero_group_tokens = 5;
+    v.push_back(m);
+  }
+  return v;
+}
+
 // ---- GPU run ------------------------------------------------------------------------------------
 
-MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph) {
-  const MoeConfig& c = m.c;
-  const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size, I = c.intermediate_size, El = c.local_experts();
-  DeviceBuffer<float> logits(d.logits);
-  DeviceBuffer<float> bias(d.bias);
-  DeviceBuffer<uint16_t> hidden_bf16(d.hidden_bf16);
-  DeviceBuffer<uint8_t> hidden_codes(d.hidden_codes);
-  DeviceBuffer<float> hidden_scales(d.hidden_scales);
-  DeviceBuffer<uint8_t> w13(d.w13), w2(d.w2);
-  DeviceBuffer<float> w13s(d.w13_scale), w2s(d.w2_scale);
-  DeviceBuffer<uint16_t> out(static_cast<size_t>(T * H));
-  DeviceBuffer<float> eo(static_cast<size_t>(T * k * H));
-  DeviceBuffer<int32_t> ids(static_cast<size_t>(T * k));
-  DeviceBuffer<float> wts(static_cast<size_t>(T * k));
-
-  kernels::MoeWorkspace ws(c, T);
-  MOECHECK_CUDA_CHECK(cudaMemset(ws.data(), 0xFF, ws.bytes()));
-
-  kernels::Fp8BlockScaleMoeInputs in;
+DeviceLayer::DeviceLayer(const MoeCase& m, const MoeHostData& d)
+    : logits(d.logits),
+      bias(d.bias),
+      hidden_bf16(d.hidden_bf16),
+      hidden_codes(d.hidden_codes),
+      hidden_scales(d.hidden_scales),
+      w13(d.w13),
+      w2(d.w2),
+      w13s(d.w13_scale),
+      w2s(d.w2_scale),
+      out(static_cast<size_t>(m.tokens * m.c.hidden_size)),
+      eo(static_cast<size_t>(m.tokens * m.c.top_k * m.c.hidden_size)),
+      ids(static_cast<size_t>(m.tokens * m.c.top_k)),
+      wts(static_cast<size_t>(m.tokens * m.c.top_k)),
+      o{out.get(), eo.get(), ids.get(), wts.get()} {
   in.routing_logits = logits.get();
   in.routing_bias = m.bias ? bias.get() : nullptr;
   in.gemm1_weights = w13.get();
   in.gemm1_weights_scale = w13s.get();
   in.gemm2_weights = w2.get();
   in.gemm2_weights_scale = w2s.get();
-  in.num_tokens = T;
-  kernels::Fp8BlockScaleMoeOutputs o{out.get(), eo.get(), ids.get(), wts.get()};
+  in.num_tokens = m.tokens;
   if (m.bf16_entry) in.hidden_states_bf16 = hidden_bf16.get();
   else in.hidden_states = hidden_codes.get(), in.hidden_states_scale = hidden_scales.get();
+}
+
+MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceLayer& dl) {
+  const MoeConfig& c = m.c;
+  const int64_t T = m.tokens, k = c.top_k, H = c.hidden_size, I = c.intermediate_size, El = c.local_experts();
+  MoeGpuRun g;
+  g.out = dl.out.download();
+  g.expert_outputs = dl.eo.download();
+  g.topk_ids = dl.ids.download();
+  g.topk_weights = dl.wts.download();
+  const kernels::PermuteCapacity cap = kernels::permute_capacity(T, k, El);
+  g.rows = cap.max_rows;
+  const auto rows = static_cast<size_t>(cap.max_rows);
+  using I32 = DeviceBuffer<int32_t>;
+  using F32 = DeviceBuffer<float>;
+  if (m.bf16_entry) {
+    g.hidden_codes = DeviceBuffer<uint8_t>::download_from(b.hidden_codes, static_cast<size_t>(T * H));
+    g.hidden_scales = F32::download_from(b.hidden_scales, static_cast<size_t>(T * H / kB));
+  }
+  g.expert_count = I32::download_from(b.plan.expert_count, static_cast<size_t>(El));
+  g.row_offset = I32::download_from(b.plan.row_offset, static_cast<size_t>(El + 1));
+  g.tile_expert = I32::download_from(b.plan.tile_expert, static_cast<size_t>(cap.max_tiles));
+  g.slot_to_row = I32::download_from(b.plan.slot_to_row, static_cast<size_t>(T * k));
+  g.row_to_slot = I32::download_from(b.plan.row_to_slot, rows);
+  g.totals = I32::download_from(b.plan.totals, 2);
+  g.gemm1_out = F32::download_from(b.gemm1_out, rows * static_cast<size_t>(2 * I));
+  g.a2_codes = DeviceBuffer<uint8_t>::download_from(b.a2_codes, rows * static_cast<size_t>(I));
+  g.a2_scales = F32::download_from(b.a2_scales, rows * static_cast<size_t>(I / kB));
+  g.gemm2_out = F32::download_from(b.gemm2_out, rows * static_cast<size_t>(H));
+  return g;
+}
+
+MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph) {
+  const MoeConfig& c = m.c;
+  const int64_t T = m.tokens;
+  DeviceLayer dl(m, d);
+
+  kernels::MoeWorkspace ws(c, T);
+  MOECHECK_CUDA_CHECK(cudaMemset(ws.data(), 0xFF, ws.bytes()));
+
   auto layer = [&](cudaStream_t s) {
-    if (m.bf16_entry) kernels::fp8_block_scale_moe_from_bf16(c, in, o, ws, s);
-    else kernels::fp8_block_scale_moe(c, in, o, ws, s);
+    if (m.bf16_entry) kernels::fp8_block_scale_moe_from_bf16(c, dl.in, dl.o, ws, s);
+    else kernels::fp8_block_scale_moe(c, dl.in, dl.o, ws, s);
   };
   if (!via_graph) {
     layer(nullptr);
@@ -360,32 +484,7 @@ MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph)
     MOECHECK_CUDA_CHECK(cudaStreamDestroy(s));
   }
 
-  MoeGpuRun g;
-  g.out = out.download();
-  g.expert_outputs = eo.download();
-  g.topk_ids = ids.download();
-  g.topk_weights = wts.download();
-  const kernels::MoeBuffers& b = ws.buffers();
-  const kernels::PermuteCapacity cap = kernels::permute_capacity(T, k, El);
-  g.rows = cap.max_rows;
-  const auto rows = static_cast<size_t>(cap.max_rows);
-  using I32 = DeviceBuffer<int32_t>;
-  using F32 = DeviceBuffer<float>;
-  if (m.bf16_entry) {
-    g.hidden_codes = DeviceBuffer<uint8_t>::download_from(b.hidden_codes, static_cast<size_t>(T * H));
-    g.hidden_scales = F32::download_from(b.hidden_scales, static_cast<size_t>(T * H / kB));
-  }
-  g.expert_count = I32::download_from(b.plan.expert_count, static_cast<size_t>(El));
-  g.row_offset = I32::download_from(b.plan.row_offset, static_cast<size_t>(El + 1));
-  g.tile_expert = I32::download_from(b.plan.tile_expert, static_cast<size_t>(cap.max_tiles));
-  g.slot_to_row = I32::download_from(b.plan.slot_to_row, static_cast<size_t>(T * k));
-  g.row_to_slot = I32::download_from(b.plan.row_to_slot, rows);
-  g.totals = I32::download_from(b.plan.totals, 2);
-  g.gemm1_out = F32::download_from(b.gemm1_out, rows * static_cast<size_t>(2 * I));
-  g.a2_codes = DeviceBuffer<uint8_t>::download_from(b.a2_codes, rows * static_cast<size_t>(I));
-  g.a2_scales = F32::download_from(b.a2_scales, rows * static_cast<size_t>(I / kB));
-  g.gemm2_out = F32::download_from(b.gemm2_out, rows * static_cast<size_t>(H));
-  return g;
+  return download_run(m, ws.buffers(), dl);
 }
 
 }  // namespace moecheck::gputest

@@ -142,6 +142,14 @@ struct MoeCase {
   int64_t check_stride = 1;       // CPU GEMM/SiLU checks on every n-th token only (huge T)
 };
 std::ostream& operator<<(std::ostream& os, const MoeCase& m);  // self-describing: name(k=v,...)
+// A case of this shape, everything else at its default.
+MoeCase make_case(std::string name, RoutingMethod method, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T);
+// The whole-layer cases of the GPU backends (gpu_moe_test.cpp, gpu_cublaslt_test.cpp), one
+// registry: T = 1, ragged T, experts spanning several M tiles, experts with zero tokens, all
+// tokens on one expert, EP (offset > 0, tokens with no local expert), every routing method,
+// UE8M0 scales, up_gate, bf16 intermediates and weights, the bf16 entry, DeepSeek-V3 sizes,
+// T = 16384. Seeds unset: each test numbers its own selection.
+std::vector<MoeCase> layer_cases();
 
 struct MoeHostData {
   std::vector<float> logits, bias;             // [T, E], [E] or empty
@@ -168,6 +176,25 @@ struct MoeGpuRun {
   std::vector<float> gemm2_out;         // [rows, H]
   int64_t rows = 0;                     // capacity rows downloaded
 };
+// A case on the device, for the runners of both GPU backends: its inputs uploaded, its outputs
+// allocated (poisoned), and the layer's arguments pointing at them (the entry m.bf16_entry names).
+struct DeviceLayer {
+  DeviceLayer(const MoeCase& m, const MoeHostData& d);
+  DeviceBuffer<float> logits, bias;
+  DeviceBuffer<uint16_t> hidden_bf16;
+  DeviceBuffer<uint8_t> hidden_codes;
+  DeviceBuffer<float> hidden_scales;
+  DeviceBuffer<uint8_t> w13, w2;
+  DeviceBuffer<float> w13s, w2s;
+  DeviceBuffer<uint16_t> out;  // [T, H]
+  DeviceBuffer<float> eo;      // [T, k, H]
+  DeviceBuffer<int32_t> ids;   // [T, k]
+  DeviceBuffer<float> wts;     // [T, k]
+  kernels::Fp8BlockScaleMoeInputs in;
+  kernels::Fp8BlockScaleMoeOutputs o;
+};
+// The outputs and every intermediate of a finished run; b: the workspace's stage buffers.
+MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const DeviceLayer& dl);
 // Poisons outputs and the workspace with 0xFF bytes, runs the MoE, downloads everything.
 // via_graph: capture the call on a stream into a CUDA graph and launch the graph instead.
 MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph = false);

@@ -1,5 +1,5 @@
-# Area "report": the reports of `moecheck compare` (tools/report*.cpp): terminal text, the JSON
-# schema (tools/REPORT-SCHEMA.md), the HTML page; report_browser_test renders the page in Debian's
+# Area "report": the reports of `moecheck compare` (tools/report/): terminal text, the JSON
+# schema (tools/report/REPORT-SCHEMA.md), the HTML page; report_browser_test renders the page in Debian's
 # chromium (/usr/bin/chromium, installed by tools/install-deps.sh) and fails when it is missing.
 moecheck_add_test(report_test
   SOURCES report_test.cpp report_test_data.cpp

@@ -20,7 +20,7 @@
 #include <sstream>
 
 #include "tests/report_test_data.hpp"
-#include "tools/report.hpp"
+#include "tools/report/report.hpp"
 
 namespace moecheck {
 namespace {

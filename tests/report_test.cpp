@@ -1,6 +1,6 @@
-// Tests of the `moecheck compare` reports (tools/report.hpp) on hand-built compare results
+// Tests of the `moecheck compare` reports (tools/report/report.hpp) on hand-built compare results
 // (tests/report_test_data.hpp): the terminal report's key lines and width, colour only when
-// asked, the JSON document's schema (tools/REPORT-SCHEMA.md) and its non-finite encoding, the
+// asked, the JSON document's schema (tools/report/REPORT-SCHEMA.md) and its non-finite encoding, the
 // HTML page's structure, escaping and size, and the atomic writes. The page in a real browser is
 // tests/report_browser_test.cpp.
 //
@@ -19,7 +19,7 @@
 
 #include "reference/errors.hpp"
 #include "tests/report_test_data.hpp"
-#include "tools/report.hpp"
+#include "tools/report/report.hpp"
 
 namespace moecheck {
 namespace {

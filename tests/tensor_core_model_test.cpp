@@ -9,8 +9,8 @@
 #include <string>
 
 #include "reference/tensor_core_model.hpp"
-#include "tools/probe_fit.hpp"
-#include "tools/probe_gemm.hpp"
+#include "tools/probe/probe_fit.hpp"
+#include "tools/probe/probe_gemm.hpp"
 
 namespace moecheck {
 namespace {

@@ -40,7 +40,7 @@ def _report_doc(report):
     return json.loads(report.to_json())["outputs"][0]
 
 
-# The structured facts of a report, as the JSON report has them (tools/REPORT-SCHEMA.md).
+# The structured facts of a report, as the JSON report has them (tools/report/REPORT-SCHEMA.md).
 Report.experts = property(lambda r: _report_doc(r)["experts"],
                           doc="per-expert rows, worst first: expert, tokens, max_ratio, bias and energy tests, status")
 Report.worst = property(lambda r: {**_report_doc(r)["worst"], "max_ratio": _report_doc(r)["max_ratio"]},

@@ -1,4 +1,4 @@
-"""moecheck.gate(backend=callable): the gate's property sweep (tools/gate_sweep.hpp, the same case
+"""moecheck.gate(backend=callable): the gate's property sweep (tools/sweep/gate_sweep.hpp, the same case
 i of seed S as `moecheck gate --seed S --case i`) run through a Python callable, each output
 judged in memory. The callable is your kernel: it takes a moecheck.Case (case.arrays() and
 case.layer_config() give its tensors and /config) and returns the layer's output [T, H], or a

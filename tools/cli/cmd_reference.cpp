@@ -1,0 +1,53 @@
+// `moecheck reference CASE [--tier ideal|quantized|both] [--expert-outputs] [-o OUT]`: computes
+// the float64 reference of a case and stores it under /reference/<tier> (atomically, into the case
+// or into a copy OUT), with the tool version and the hash of the inputs it read.
+#include <chrono>
+#include <fmt/format.h>
+#include <iostream>
+
+#include "golden/case_problem.hpp"
+#include "tools/cli/cli_common.hpp"
+#include "tools/judge/reference_store.hpp"
+
+namespace moecheck::cli {
+
+void register_reference(CLI::App& app) {
+  auto* sub = app.add_subcommand("reference", "compute the float64 reference of a case and store it in the case");
+  struct Opts {
+    std::string path, tier = "both", out, model = "fp32";
+    bool expert_outputs = false, quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  sub->add_option("CASE", o->path, "case file (HDF5, golden/FORMAT.md)")->required();
+  sub->add_option("--tier", o->tier, "ideal | quantized | both")->check(CLI::IsMember({"ideal", "quantized", "both"}));
+  sub->add_flag("--expert-outputs", o->expert_outputs, "also store each slot's output before weighting [T, k, H]");
+  sub->add_option("--budget-model", o->model,
+                  "accumulator model of the budget stored with the quantized tier: " + budget_model_names())
+      ->check(budget_model_validator());
+  sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case")->check(output_file());
+  sub->add_flag("-q,--quiet", o->quiet, "no progress output");
+  set_runner(sub, [o]() {
+    const CaseProblem cp(o->path);
+    const BudgetModel model = parse_budget_model(o->model);
+    std::string dest = o->path;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string hash = cp.input_hash();
+    for (Tier tier : {Tier::ideal, Tier::quantized}) {
+      if (o->tier != "both" && o->tier != to_string(tier)) continue;
+      const ForwardResult r = compute_reference(cp, tier, tier == Tier::quantized ? &model : nullptr,
+                                                o->expert_outputs, !o->quiet);
+      store_reference(dest, tier, r, hash, tier == Tier::quantized ? o->model : "", o->expert_outputs,
+                      o->out.empty() ? "" : o->out);
+      if (!o->out.empty()) dest = o->out;  // the second tier goes into the same copy
+      if (!o->quiet)
+        std::cerr << fmt::format("moecheck: /reference/{} written to {} ({} experts run, {:.1f} GFLOP)\n",
+                                 to_string(tier), dest, r.experts_run, r.gemm_flops * 1e-9);
+    }
+    if (!o->quiet)
+      std::cerr << fmt::format("moecheck: done in {:.2f} s (input hash {})\n",
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), hash);
+    return kExitOk;
+  });
+}
+
+}  // namespace moecheck::cli

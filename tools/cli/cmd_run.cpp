@@ -1,0 +1,55 @@
+// `moecheck run CASE --backend B [--name N] [--expert-outputs] [-o OUT]`: runs a backend on a case
+// and records /outputs/<name> (output, topk_ids, topk_weights, optionally expert_outputs) with
+// the backend, device, tool version, creation time and budget model, atomically into the case
+// or into a copy OUT. Backends: emulated, faulty:<fault> (the emulated backend with one bug
+// class switched on, kernels/emulated/emulated_moe.hpp), cuda, cublaslt (need a Hopper GPU).
+#include <algorithm>
+#include <fmt/format.h>
+#include <iostream>
+
+#include "golden/case_problem.hpp"
+#include "tools/cli/cli_common.hpp"
+#include "tools/judge/backend_run.hpp"
+#include "tools/judge/exec_backend.hpp"
+
+namespace moecheck::cli {
+
+void register_run(CLI::App& app) {
+  auto* sub = app.add_subcommand("run", "run a backend on a case and record its output in /outputs/<name>");
+  struct Opts {
+    std::string path, backend, name, out;
+    bool expert_outputs = false;
+    int64_t int32_threshold = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  sub->add_option("CASE", o->path, "case file")->required();
+  sub->add_option("--backend", o->backend, "emulated | faulty:<fault> | cuda | cublaslt | exec:CMD")->required();
+  sub->add_option("--name", o->name, "output name (default: the backend name, '@' written as '+')");
+  sub->add_flag("--expert-outputs", o->expert_outputs, "also record each slot's output before weighting");
+  sub->add_option("--int32-threshold", o->int32_threshold,
+                  "faulty:int32_overflow only: the flat index at which the emulated int32 wraps")->check(at_least(1));
+  add_exec_timeout_option(sub);
+  sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case")->check(output_file());
+  set_runner(sub, [o]() {
+    // A backend name with a model (faulty:F@hopper) is not an output name as is, nor a command line.
+    const std::string name = o->name.empty() ? default_output_name(o->backend) : o->name;
+    if (!is_valid_output_name(name))  // before any work is done
+      throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
+    const CaseProblem cp(o->path);
+    BackendOutput r;
+    try {
+      r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
+    } catch (const ExecFailure& e) {  // the backend's failure, not bad input: exit 1, nothing recorded
+      print_error(fmt::format("backend {} failed on {}: {}", shell_quote(o->backend), o->path, e.what()));
+      return kExitCheckFailed;
+    }
+    OutputData d = to_output_data(r);
+    record_input_hashes(cp.input_hashes(), d);
+    add_output_to_case(o->path, name, d, o->out);
+    std::cerr << fmt::format("moecheck: /outputs/{} recorded in {} (backend {}, device {})\n", name,
+                             o->out.empty() ? o->path : o->out, r.backend, r.device);
+    return kExitOk;
+  });
+}
+
+}  // namespace moecheck::cli

@@ -1,0 +1,94 @@
+// Computing, storing and reusing the reference from the CLI (reference_store.hpp).
+#include "tools/judge/reference_store.hpp"
+
+#include <chrono>
+#include <fmt/format.h>
+#include <iostream>
+#include <unistd.h>
+
+#include "reference/errors.hpp"
+
+namespace moecheck::cli {
+
+ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
+                                bool progress, bool requant_terms) {
+  ForwardOptions opt;
+  opt.requant_terms = requant_terms;
+  opt.tier = tier;
+  opt.expert_outputs = expert_outputs;
+  opt.budget = model;
+  const bool tty = isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t last_pct = -1;
+  if (progress)
+    opt.progress = [&](int64_t done, int64_t total) {
+      const int64_t pct = total ? done * 100 / total : 100;
+      if (tty) {
+        std::cerr << fmt::format("\rmoecheck: reference/{}: expert {}/{} ({}%)", to_string(tier), done, total, pct)
+                  << std::flush;
+      } else if (pct / 10 != last_pct / 10 || done == total) {
+        std::cerr << fmt::format("moecheck: reference/{}: expert {}/{} ({}%, {:.1f} s)\n", to_string(tier), done,
+                                 total, pct,
+                                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      last_pct = pct;
+    };
+  ForwardResult r = moe_forward(cp.problem(), opt);
+  if (progress && tty) std::cerr << "\n";
+  return r;
+}
+
+void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,
+                     const std::string& budget_model, bool expert_outputs, const std::string& out_path) {
+  ReferenceData d;
+  d.tool_version = MOECHECK_VERSION;
+  d.input_hash = input_hash;
+  d.output = r.output;
+  d.topk_ids = r.routing.ids;
+  d.topk_weights = r.routing.weights;
+  d.selection_margin = r.routing.margin;
+  if (expert_outputs || !r.budget.empty()) d.expert_outputs = r.expert_outputs;
+  if (!r.budget.empty()) {
+    d.attributes["budget_model"] = budget_model;
+    d.budget = r.budget;
+    d.slot_budget = r.slot_budget;
+    d.noise_var = r.noise_var;
+    d.slot_flip_projection = r.slot_flip_projection;
+    d.slot_noise_var = r.slot_noise_var;
+  }
+  add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
+}
+
+ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
+                                  bool progress, bool* reused, bool requant_terms) {
+  *reused = false;
+  const BudgetModel model = parse_budget_model(model_name);
+  if (requant_terms) return compute_reference(cp, Tier::quantized, &model, true, progress, true);
+  if (auto stored = cp.reader().read_reference("quantized")) {
+    const auto it = stored->attributes.find("budget_model");
+    const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
+    if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
+        stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
+        stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
+        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H)) {
+      ForwardResult r;
+      r.tier = Tier::quantized;
+      r.routing.tokens = T, r.routing.top_k = k;
+      r.routing.ids = stored->topk_ids;
+      r.routing.weights = stored->topk_weights;
+      r.routing.margin = stored->selection_margin;
+      r.output = std::move(stored->output);
+      r.expert_outputs = std::move(stored->expert_outputs);
+      r.budget = std::move(stored->budget);
+      r.slot_budget = std::move(stored->slot_budget);
+      r.noise_var = std::move(stored->noise_var);
+      r.slot_flip_projection = std::move(stored->slot_flip_projection);
+      r.slot_noise_var = std::move(stored->slot_noise_var);
+      *reused = true;
+      return r;
+    }
+  }
+  return compute_reference(cp, Tier::quantized, &model, true, progress);
+}
+
+}  // namespace moecheck::cli

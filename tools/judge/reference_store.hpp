@@ -1,0 +1,30 @@
+// The reference as the CLI computes, stores and reuses it: the budget model named on the command
+// line, progress on stderr, /reference/<tier> written atomically, and a stored reference reused
+// only when its input hash and budget model match the case and the request.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "golden/case_problem.hpp"
+#include "reference/budget_model.hpp"
+#include "reference/moe_forward.hpp"
+
+namespace moecheck::cli {
+
+// The forward of one tier (budget only for the quantized tier), with a progress line on stderr.
+ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
+                                bool progress, bool requant_terms = false);
+
+void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,
+                     const std::string& budget_model, bool expert_outputs, const std::string& out_path);
+
+// The quantized-tier reference with the budget of `model_name`: the stored one when its input
+// hash and budget model match and it holds every array the judgement reads (budgets, noise
+// variance, flip projections; reused = true), else computed. Either way the same judgement.
+// requant_terms (compare --requant-test): always computed, with the re-quantization test's terms
+// (which are not stored).
+ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
+                                  bool progress, bool* reused, bool requant_terms = false);
+
+}  // namespace moecheck::cli
