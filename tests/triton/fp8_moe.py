@@ -49,7 +49,7 @@ MUTANTS = (
 )
 
 
-def route(logits, bias, top_k, n_group, topk_group, rsf, mutant=None):
+def route(logits, bias, top_k, n_group, topk_group, rsf, mutant=None, weight_bf16=False):
     scores = torch.sigmoid(logits.float())
     choice = scores.clone() if mutant == "bias_ignored" else scores + bias.float()
     T, E = scores.shape
@@ -65,28 +65,37 @@ def route(logits, bias, top_k, n_group, topk_group, rsf, mutant=None):
     if mutant != "no_renormalize":
         w = w / w.sum(-1, keepdim=True)
     factor = {"rsf_missing": 1.0, "rsf_twice": rsf * rsf}.get(mutant, rsf)
-    return ids.to(torch.int32), (w * factor).float()
+    w = (w * factor).float()
+    if weight_bf16:  # routing_weight_dtype = bf16: the final weights rounded once
+        w = w.to(torch.bfloat16).float()
+    return ids.to(torch.int32), w
 
 
-def quant_groups(x, floor=True):
-    """x [R, C] -> (fp8 [R, C], float32 scales [R, C/128]) (dequantization multipliers)."""
+def quant_groups(x, floor=True, ue8m0=False, eps=EPS):
+    """x [R, C] -> (fp8 [R, C], float32 scales [R, C/128]) (dequantization multipliers). ue8m0:
+    the float32 scale rounded up to a power of two (DeepGEMM's UE8M0 scales)."""
     R, C = x.shape
     xg = x.float().view(R, C // BLOCK, BLOCK)
     amax = xg.abs().amax(-1)
     if floor:
-        amax = amax.clamp_min(EPS)
+        amax = amax.clamp_min(eps)
     s = amax / FP8_MAX
+    if ue8m0:
+        m, e = torch.frexp(s)  # s = m 2^e, m in [0.5, 1): a power of two when m = 0.5
+        s = torch.where((m == 0.5) | (s == 0), s, torch.ldexp(torch.ones_like(s), e))
     q = (xg / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(R, C), s.contiguous()
 
 
 def align_by_expert(ids, num_experts, block_m):
     """The (token, slot) pairs t*k+j sorted by expert, each expert's run padded to block_m with
-    the invalid index T*k; one expert id per block of block_m pairs."""
+    the invalid index T*k; one expert id per block of block_m pairs. ids < 0: pairs this shard
+    does not compute (an expert of another EP rank), left out."""
     flat = ids.reshape(-1).long()
     n = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    order = order[flat[order] >= 0]
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts).tolist()
     rows, experts, start = [], [], 0
     for e, c in enumerate(counts):
         if c == 0:
@@ -96,6 +105,8 @@ def align_by_expert(ids, num_experts, block_m):
         rows.append(torch.full((pad,), n, dtype=torch.long, device=flat.device))
         experts += [e] * ((c + pad) // block_m)
         start += c
+    if not rows:  # no pair computed here
+        return torch.empty(0, dtype=torch.int32, device=flat.device), torch.empty(0, dtype=torch.int32, device=flat.device)
     sorted_pairs = torch.cat(rows).to(torch.int32)
     return sorted_pairs, torch.tensor(experts, dtype=torch.int32, device=flat.device)
 
@@ -140,6 +151,8 @@ def fused_moe(a, sa, w, sw, pairs, experts, num_pairs, top_k, a_per_pair, weight
     c.fill_(float("nan"))  # poison: every valid pair's row must be written
     rw = weights.reshape(-1) if weights is not None else sa  # unused pointer when not weighting
     grid = (experts.numel(), N // block_n)
+    if experts.numel() == 0:
+        return c
     _fused_moe[grid](a, w, c, sa, sw, rw, pairs, experts, N, K, num_pairs,
                      a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
                      sa.stride(0), sa.stride(1), sw.stride(0), sw.stride(1), sw.stride(2),
@@ -150,16 +163,24 @@ def fused_moe(a, sa, w, sw, pairs, experts, num_pairs, top_k, a_per_pair, weight
 
 
 def forward(layer, cfg, mutant=None):
-    """layer: dict of CUDA tensors (hidden bf16 [T, H], logits f32 [T, E], bias f32 [E], w13 fp8
-    [E, 2I, H], w13_scale f32 [E, 2I/128, H/128], w2 fp8 [E, H, I], w2_scale [E, H/128, I/128]).
-    Returns (output bf16 [T, H], topk_ids int32 [T, k], topk_weights f32 [T, k])."""
+    """layer: dict of CUDA tensors (hidden bf16 or float32 [T, H], logits f32 [T, E], bias f32 [E],
+    w13 fp8 [S, 2I, H] (gate rows first), w13_scale f32 [S, 2I/128, H/128], w2 fp8 [S, H, I],
+    w2_scale [S, H/128, I/128]; optional "stored_index" int64 [E]: the weights' slot of each global
+    expert, -1 for one this shard does not hold). cfg: num_experts, top_k, n_group, topk_group,
+    routed_scaling_factor; optional scale_format ("ue8m0": power-of-two activation scales),
+    routing_weight_dtype ("bf16"), act_eps. Returns (output bf16 [T, H], topk_ids int32 [T, k]
+    global, topk_weights f32 [T, k])."""
     assert mutant is None or mutant in MUTANTS, mutant
     x, E, k = layer["hidden"], cfg["num_experts"], cfg["top_k"]
     T, H = x.shape
     I = layer["w2"].shape[2]
+    ue8m0 = cfg.get("scale_format") == "ue8m0"
+    eps = cfg.get("act_eps", EPS)
     ids, weights = route(layer["logits"], layer["bias"], k, cfg["n_group"], cfg["topk_group"],
-                         cfg["routed_scaling_factor"], mutant)
-    a, sa = quant_groups(x, floor=mutant != "zero_group_nan")
+                         cfg["routed_scaling_factor"], mutant, weight_bf16=cfg.get("routing_weight_dtype") == "bf16")
+    stored = layer.get("stored_index")
+    slot_ids = ids if stored is None else stored[ids.long()].to(torch.int32)  # -1: not computed here
+    a, sa = quant_groups(x, floor=mutant != "zero_group_nan", ue8m0=ue8m0, eps=eps)
     if mutant == "act_scale_transposed":
         sa = sa.reshape(-1).view(sa.shape[1], T).t().contiguous()
     w13, w2, sw2 = layer["w13"], layer["w2"], layer["w2_scale"]
@@ -170,16 +191,17 @@ def forward(layer, cfg, mutant=None):
         sw13 = layer["w13_scale"]
     if mutant == "w2_scale_doubled":
         sw2 = sw2.clone()
-        sw2[most_used_expert(ids, sw2)] *= 2
-    pairs, experts = align_by_expert(ids, E, 64)
+        sw2[most_used_expert(slot_ids, sw2)] *= 2
+    pairs, experts = align_by_expert(slot_ids, w13.shape[0], 64)
     g1 = fused_moe(a, sa, w13, sw13, pairs, experts, T * k, k, a_per_pair=False)
     h = (torch.nn.functional.silu(g1[:, :I].float()) * g1[:, I:].float()).to(torch.bfloat16)
     if mutant == "no_requant":
         q, sq = h, torch.ones((T * k, I // BLOCK), dtype=torch.float32, device=x.device)
     else:
-        q, sq = quant_groups(h)
+        q, sq = quant_groups(h, ue8m0=ue8m0, eps=eps)
     y = fused_moe(q, sq, w2, sw2, pairs, experts, T * k, k, a_per_pair=True, weights=weights)
     y = y.view(T, k, H).float()
+    y = torch.where((slot_ids >= 0).unsqueeze(-1), y, torch.zeros_like(y))  # other shards' slots add 0
     out = y[:, 0].clone()
     for j in range(1, k):  # float32, slot order
         out += y[:, j]
@@ -195,6 +217,7 @@ def most_used_expert(ids, w2_scale):
     """The expert with the most (token, slot) pairs (the lowest id among equals), among those
     whose down-projection is not dead (block scales > 1e-20: the generator's dead experts have
     scales <= ~1e-23 and outputs that underflow, so doubling them changes nothing)."""
-    counts = torch.bincount(ids.reshape(-1).long(), minlength=w2_scale.shape[0])
+    flat = ids.reshape(-1).long()
+    counts = torch.bincount(flat[flat >= 0], minlength=w2_scale.shape[0])
     counts[w2_scale.flatten(1).amax(1) <= 1e-20] = -1
     return int(counts.argmax())
