@@ -114,8 +114,9 @@ Reruns find_near_ties(const MoeProblem& p, const ForwardResult& ref, const Obser
   return rr;
 }
 
-// The reference of the re-run tokens alone, routed as `rr` says.
-ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const BudgetModel& model) {
+// The reference of the re-run tokens alone, routed as `rr` says, with the re-quantization
+// test's terms when the reference it replaces rows of has them.
+ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const BudgetModel& model, bool requant_terms) {
   const SubProblem sp = subproblem(p, rr.tokens);
   Routing ov;
   ov.tokens = static_cast<int64_t>(rr.tokens.size()), ov.top_k = p.config.top_k;
@@ -126,7 +127,7 @@ ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const Budge
   ov.margin.assign(rr.tokens.size(), 0.0), ov.margin_scale = ov.margin, ov.group_margin = ov.margin;
   ov.group_margin_scale = ov.margin;
   ForwardOptions fo;
-  fo.tier = Tier::quantized, fo.budget = &model, fo.routing_override = &ov;
+  fo.tier = Tier::quantized, fo.budget = &model, fo.routing_override = &ov, fo.requant_terms = requant_terms;
   return moe_forward(sp.problem, fo);
 }
 
@@ -156,7 +157,11 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
 
   const Reruns rr = find_near_ties(p, ref, obs, model, R);
   if (!rr.tokens.empty()) {
-    const ForwardResult alt = rerun_reference(p, rr, model);
+    const ForwardResult alt = rerun_reference(p, rr, model, !J.requant_direction.empty());
+    const size_t n = rr.tokens.size();
+    if (alt.requant_direction.size() != n * H || alt.requant_var.size() != n || alt.requant_mean.size() != n ||
+        alt.requant_mean_bound.size() != n)  // the re-run could not follow: no test rather than a partial one
+      J.requant_direction.clear(), J.requant_var.clear(), J.requant_mean.clear(), J.requant_mean_bound.clear();
     for (size_t i = 0; i < rr.tokens.size(); ++i) {
       const int64_t t = rr.tokens[i];
       bool take = !obs.topk_ids.empty();

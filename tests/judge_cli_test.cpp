@@ -55,6 +55,26 @@ TEST(JudgeCli, StoredReferenceGivesTheSameVerdict) {
   EXPECT_EQ(a, b);
 }
 
+// Near-tie tokens are re-run by the reference under the routing the output explains best; with
+// --requant-test those rows need the test's terms too (it read past them and crashed: seeds 1
+// and 2 of this case).
+TEST(JudgeCli, RequantTestFollowsTheReRunNearTieTokens) {
+  test::TempDir dir("judge-requant-ties");
+  for (const char* seed : {"1", "2"}) {
+    const std::string c = dir.file(std::string("c") + seed + ".h5");
+    ASSERT_EQ(moecheck({"make-case", "--preset", "tiny-deepseek", "--tokens", "16", "--seed", seed, "--near-ties",
+                        "-q", "-o", c})
+                  .exit_code,
+              0);
+    ASSERT_EQ(moecheck({"run", c, "--backend", "emulated@hopper"}).exit_code, 0);
+    const auto r = moecheck({"compare", c, "--requant-test", "-q", "--json", dir.file("r.json")});
+    ASSERT_EQ(r.exit_code, 0) << "seed " << seed << "\n" << r.out << r.err;
+    const auto requant = read_json(dir.file("r.json"))["outputs"][0]["requant"];
+    EXPECT_TRUE(requant["fitted"].get<bool>()) << "seed " << seed << ": " << requant.dump();
+    EXPECT_TRUE(requant["ok"].get<bool>()) << "seed " << seed << ": " << requant.dump();
+  }
+}
+
 TEST(JudgeCli, ShrinkAndReproTakeTheBudgetModel) {
   test::TempDir dir("judge-model");
   const std::string c = faulty_case(dir, "faulty:scaling_factor_twice", 4);

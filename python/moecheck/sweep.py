@@ -156,7 +156,9 @@ def _reason(report):
     import json  # noqa: PLC0415
     o = json.loads(report.to_json())["outputs"][0]
     bad = [f"expert {e['expert']}" for e in o.get("experts", []) if e.get("status") != "pass"][:3]
-    return f"{report.status}: max ratio {o['max_ratio']:.3g}" + (f"; failing: {', '.join(bad)}" if bad else "")
+    ratio = o.get("max_ratio")  # a real, or "inf" / "nan" (REPORT-SCHEMA.md), or null
+    ratio = f"{ratio:.3g}" if isinstance(ratio, (int, float)) else str(ratio)
+    return f"{report.status}: max ratio {ratio}" + (f"; failing: {', '.join(bad)}" if bad else "")
 
 
 def shrink(case, backend, out, budget_model=None, control=None, max_attempts=None, moecheck_bin=None,

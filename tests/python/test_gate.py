@@ -27,6 +27,11 @@ def test_a_mutant_fails_and_replays(mutant):
     assert moecheck.gate(k.correct, seed=1, case=f.index, quiet=True).ok
 
 
+def test_a_non_finite_output_is_a_failure_with_its_reason():
+    r = moecheck.gate(k.nan_in_last_row, cases=2, seed=1, quiet=True)
+    assert len(r.failures) == 2 and "max ratio inf" in r.failures[0].reason, r.text()
+
+
 def test_what_the_callable_does_wrong_is_its_failure():
     def raises(case):
         raise RuntimeError("kernel exploded")
