@@ -100,6 +100,7 @@ struct TruncationProduct {
   bool rows_f32 = false;
   Float32Panel panel{};  // buffers for the weights' float operands ([kPanelRows, K] each)
   std::vector<double>* walign = nullptr;  // buffer for the double path's A(w) panel
+  const RowCodes* codes = nullptr;        // the rows' codes for the variance's per-term losses (float path)
 };
 // The float32 products (the squares of the noise model, the re-quantization direction: each needs
 // a few digits; float halves the GEMM's cost): the input converted once per call into `in`, the
@@ -208,7 +209,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
                                           t->dcum->data(), a.rows(), f32->dec, f32->mag, K, srow, nr,
                                           t->err->data() + r0, N, fuse_abs ? t->abs_in->data() : nullptr,
                                           fuse_abs ? ex.abs[0].out->data() + r0 : nullptr, f32->maga,
-                                          t->var ? t->var->data() + r0 : nullptr);
+                                          t->var ? t->var->data() + r0 : nullptr, t->codes);
       }
       if (fuse_abs && !fast) dequant_panel(codes, scales, K, B, r0, nr, {panel.data(), abs_panel->data()}, lut);
       ConstRowMap wa(abs_panel->data(), nr, K);
@@ -254,6 +255,11 @@ struct Scratch {
   std::vector<float> hrow;
   std::vector<uint8_t> hcodes;
   std::vector<float> hscales;
+  std::vector<uint8_t> qcodes;                  // noise model: h's codes [n, I] and scales [n, I/G] for GEMM2
+  std::vector<float> qscales;
+  std::vector<float> tcode, tfield;             // noise model: the rows' RowCodes [n, K]
+  std::vector<double> tcs;
+  RowCodes trc{};
 };
 
 // Activations of the quantized tier, quantized once per token: codes [T, H], scales [T, H/G].
@@ -344,6 +350,24 @@ TruncationProduct prepare_truncation(const ChunkLayout& L, const AccumulatorMode
   return tp;
 }
 
+// The rows' FP8 codes for the variance's per-term losses (truncation_bound.hpp RowCodes), where
+// the activation group is the K block (the device promotes per block); else the whole-step model.
+template <class CodesOf, class ScalesOf, class DevOf>
+void prepare_row_codes(TruncationProduct& tp, int64_t group, CodesOf codes_of, ScalesOf scales_of, DevOf dev_of,
+                       Scratch& s) {
+  const ChunkLayout& L = *tp.layout;
+  if (group != L.block || !tp.rows_f32) return;
+  const int64_t n = tp.hi->rows(), K = L.K, nb = ceil_div(K, L.block);
+  s.tcode.resize(size_t(n * K));
+  s.tfield.resize(size_t(n * K));
+  s.tcs.resize(size_t(n * nb));
+  for (int64_t r = 0; r < n; ++r)
+    truncation_row_codes(L, codes_of(r), scales_of(r), dev_of(r), tp.hi->row(r).data(), s.tcode.data() + r * K,
+                         s.tfield.data() + r * K, s.tcs.data() + r * nb);
+  s.trc = {s.tcode.data(), s.tfield.data(), s.tcs.data(), nb};
+  tp.codes = &s.trc;
+}
+
 void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
                 const QuantizedHidden& qh, double* slot_out, double* slot_budget, double* slot_ideal, const BudgetCtx& bc,
                 Scratch& s) {
@@ -416,9 +440,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
         const int64_t t = t0 + job.slots[r] / k;
         for (int64_t i = 0; i < H; ++i) s.tfloor(r, i) = 2 * kSubnormalAlign * double(qh.scales[t * hg + i / G]);
       }
-      tp = prepare_truncation(bc.L1, bc.model->acc, s.a,
-                              [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; }, s.da, s);
+      auto act_dev = [&](int64_t r) { return bc.act_dev->data() + (t0 + job.slots[r] / k) * H; };
+      tp = prepare_truncation(bc.L1, bc.model->acc, s.a, act_dev, s.da, s);
       tp.var = &s.tvar;
+      prepare_row_codes(
+          tp, G, [&](int64_t r) { return qh.codes + (t0 + job.slots[r] / k) * H; },
+          [&](int64_t r) { return qh.scales + (t0 + job.slots[r] / k) * hg; }, act_dev, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
@@ -454,6 +481,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       s.hrow[i] = static_cast<float>(round_to(sg * u, ip));
     }
     group_quantize_row(s.hrow.data(), I, G, act_quant_rule(c), s.hcodes.data(), s.hscales.data());
+    if (budget && bc.chunked) {
+      s.qcodes.resize(size_t(n * I)), s.qscales.resize(size_t(n * ig));
+      std::copy_n(s.hcodes.data(), I, s.qcodes.data() + r * I);
+      std::copy_n(s.hscales.data(), ig, s.qscales.data() + r * ig);
+    }
     for (int64_t i = 0; i < I; ++i) hr[i] = double(table[s.hcodes[i]]) * double(s.hscales[i / G]);
     if (budget) {
       intermediate_budget(c, *bc.model, bc.c2, s.x.row(r).data(), s.dx.row(r).data(), gate0, up0, hr, s, r);
@@ -511,8 +543,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
     TruncationProduct tp{};
     if (budget && bc.chunked) {
       s.tfloor = s.hfloor;
-      tp = prepare_truncation(bc.L2, bc.model->acc, s.h, [&](int64_t r) { return s.hdev.row(r).data(); }, s.dh, s);
+      auto h_dev = [&](int64_t r) { return s.hdev.row(r).data(); };
+      tp = prepare_truncation(bc.L2, bc.model->acc, s.h, h_dev, s.dh, s);
       tp.var = &s.tvar;
+      prepare_row_codes(
+          tp, G, [&](int64_t r) { return s.qcodes.data() + r * I; },
+          [&](int64_t r) { return s.qscales.data() + r * ig; }, h_dev, s);
       ex.trunc = &tp;
     }
     gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);

@@ -6,6 +6,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+
+#include "reference/fp8_formats.hpp"
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOECHECK_TRUNC_AVX2 1
 #include <immintrin.h>
@@ -32,7 +34,43 @@ inline double chunk_variance(double G, double T, double rq) {
   const double gp = pow2_floor(G), rp = pow2_floor(rq);
   return (G > 0 ? T / G * gp * gp : 0.0) / 3 + rp * rp / 3;
 }
+// With the rows' codes (RowCodes, truncation_bound.hpp): the chunk's per-term losses in code
+// units (chunk_loss) times the block's scale product squared, the register's own cut (a whole
+// step of the variance grid gvs in value units, when it holds a sum) and the result's cut.
+inline double chunk_variance_codes(double losses, double cs2, double gvs, bool reg, double rq) {
+  const double rp = pow2_floor(rq);
+  return losses * cs2 + (reg ? gvs * gvs / 3 : 0.0) + rp * rp / 3;
+}
+// The variance grid in code units: 2^(1-p) times the larger of the chunk's largest alignment
+// power mf (code units, a power of two) and the register bound reg_code's power of two. The
+// 2^-40 keeps a register bound that is a power of two in exact arithmetic from rounding below it.
+inline float variance_grid(double g1, double mf, double reg_code) {
+  return static_cast<float>(g1 * std::max(mf, pow2_floor(reg_code * (1 + 0x1p-40))));
+}
 }  // namespace
+
+void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const float* scales, const double* dev,
+                          const double* hi, float* code, float* field, double* block_scale) {
+  const float* table = fp8_table(Fp8Format::e4m3fn);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t b = 0, k0 = 0; k0 < L.K; ++b, k0 += L.block) {
+    const double s = scales[b];
+    const bool ok = s > 0 && std::isfinite(s);
+    block_scale[b] = ok ? s : 0.0;
+    for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) {
+      const double v = table[codes[k]], a = v * s, d = dev ? dev[k] : 0.0;
+      if (!ok || !std::isfinite(v)) {
+        code[k] = field[k] = nan;
+      } else if (a == 0 ? d == 0 : d < std::fabs(a) / 32) {  // an e4m3 step is >= |a| / 16: the same code
+        code[k] = static_cast<float>(v);
+        field[k] = v == 0 ? nan : static_cast<float>(pow2_floor(std::max(std::fabs(v), 0x1p-6)));
+      } else {
+        code[k] = nan;
+        field[k] = hi[k] > 0 ? f32_up(hi[k] / s * (1 + 0x1p-50)) : nan;
+      }
+    }
+  }
+}
 
 bool uses_chunked_truncation(const AccumulatorModel& acc) { return acc.truncating && acc.kept_bits < 24; }
 
@@ -193,6 +231,36 @@ inline int chunk_count(const float* lf, const float* mag, float thr, int64_t m) 
   for (int64_t j = 0; j < m; ++j) t += lf[j] * mag[j] < thr;
   return t;
 }
+// The alignment power of a weight's code, from its alignment magnitude max(|dec|, 2^-6) (0 where
+// that is NaN: a zero weight aligns nothing).
+inline float field_of(float maga) { return maga == maga ? std::bit_cast<float>(std::bit_cast<uint32_t>(maga) & 0xFF800000u) : 0.0f; }
+// The largest alignment power of one chunk's terms in code units (RowCodes: field of the rows).
+inline double chunk_field_max(const float* field, const float* maga, int64_t m) {
+  float x = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const float f = field[j] * field_of(maga[j]);
+    if (f > x) x = f;  // NaN: skipped
+  }
+  return x;
+}
+// One chunk's per-term losses in code units on the grid gv (RowCodes): (|p| mod gv)^2 for a known
+// code (exact in float: p has at most 8 significant bits, p / gv and its floor are exact), gv^2 / 3
+// for an unknown one that may lose bits (the threshold test of the bound), 0 for zero products.
+inline double chunk_loss(const float* code, const float* dec, const float* lf, const float* mag, float thr, float gv,
+                         int64_t m) {
+  const float inv = gv > 0 ? 1 / gv : 0.0f;
+  double t = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const float p = code[j] * dec[j];
+    if (p == p) {
+      const float a = std::fabs(p), l = a - gv * std::floor(a * inv);
+      t += double(l) * double(l);
+    } else if (lf[j] * mag[j] < thr) {
+      t += double(gv) * double(gv) / 3;
+    }
+  }
+  return t;
+}
 
 // max(0, x_0, ..., x_{n-1}) of non-negative floats, NaN skipped (+inf stays +inf).
 inline float max_of(const float* x, int64_t n) {
@@ -256,6 +324,11 @@ struct RowPtrs {
   const float* lf;
   const double* dc;
   const float* in;  // the magnitude product's input, rounded up (nullptr: none)
+  // The noise model's per-term losses (RowCodes): the row's code and field, and the block's scale
+  // product |s| s_a (0: the whole-step model for this row and block).
+  const float* code;
+  const float* field;
+  double cs;
 };
 
 // E_b of one block (nch chunks of 32 from k0) for NR input rows against four weight rows, one
@@ -282,16 +355,25 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
   const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
   __m256d mh[NR][kMaxBlockChunks], P[NR][kMaxBlockChunks], Q[NR][kMaxBlockChunks], nlow[NR][kMaxBlockChunks];
   alignas(16) float thr[NR][kMaxBlockChunks][4];
+  // Per-term losses (RowCodes): the chunks' largest alignment powers (code units), variance grids
+  // (code units, float, and value units) and loss sums.
+  __m256d mf[NR][kMaxBlockChunks], gvs[NR][kMaxBlockChunks], loss[NR][kMaxBlockChunks];
+  alignas(16) float gvf[NR][kMaxBlockChunks][4];
+  bool exact[NR], any_exact = false;
+  for (int r = 0; r < NR; ++r) exact[r] = var_out && rows[r].code && rows[r].cs > 0, any_exact |= exact[r];
+  const __m256 fexp = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0xFF800000u)));
   const bool with_abs = rows[0].in != nullptr;
   const __m256 fabsmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256d absum[NR];
   for (int r = 0; r < NR; ++r) absum[r] = zero;
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
-    __m256 mx[NR][4], dt[NR][4], ab[NR][4];
+    __m256 mx[NR][4], dt[NR][4], ab[NR][4], fm[NR][4];
     for (int q = 0; q < 4; ++q) {
-      __m256 u[4], v[4];
+      __m256 u[4], v[4], fw[4] = {};
       for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(maga[q] + k + 8 * i), v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
+      if (any_exact)  // the weights' alignment powers (0 where the weight is 0: maga NaN)
+        for (int i = 0; i < 4; ++i) fw[i] = _mm256_and_ps(_mm256_and_ps(u[i], fexp), _mm256_cmp_ps(u[i], u[i], _CMP_ORD_Q));
       for (int r = 0; r < NR; ++r) {
         const float* h = rows[r].hf + k;
         const float* x = rows[r].af + k;
@@ -302,6 +384,12 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
           d = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * i), v[i], d);
         }
         mx[r][q] = m, dt[r][q] = d;
+        if (exact[r]) {
+          const float* f = rows[r].field + k;
+          __m256 x = _mm256_setzero_ps();
+          for (int i = 0; i < 4; ++i) x = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(f + 8 * i), fw[i]), x);  // NaN: keep x
+          fm[r][q] = x;
+        }
         if (with_abs) {
           const float* y = rows[r].in + k;
           __m256 a = _mm256_mul_ps(_mm256_loadu_ps(y), _mm256_and_ps(v[0], fabsmask));
@@ -312,6 +400,7 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
     }
     for (int r = 0; r < NR; ++r) {
       if (with_abs) absum[r] = _mm256_add_pd(absum[r], _mm256_cvtps_pd(hsum4(ab[r][0], ab[r][1], ab[r][2], ab[r][3])));
+      if (exact[r]) mf[r][j] = _mm256_cvtps_pd(hmax4(fm[r][0], fm[r][1], fm[r][2], fm[r][3]));
       mh[r][j] = _mm256_mul_pd(bs.abs_s, _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[r][0], mx[r][1], mx[r][2], mx[r][3])),
                                                         mrel, mabs));
       // The sums go through P and Q; stash them in Q for now.
@@ -331,6 +420,8 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
     }
   }
   // G^ and the thresholds: every product counted.
+  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   __m256d E[NR];
   for (int r = 0; r < NR; ++r) E[r] = zero;
   for (int j = 0; j < nch; ++j) {
@@ -339,6 +430,13 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       const __m256d reg = _mm256_add_pd(P[r][j], E[r]);  // 0 for j = 0
       const __m256d Gh = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
       _mm_store_ps(thr[r][j], _mm256_cvtpd_ps(_mm256_fmadd_pd(Gh, bs.thr_mul, mabs)));
+      if (exact[r]) {  // variance_grid, four lanes: pow2_floor as the sign and exponent bits
+        const __m256d csv = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(rows[r].cs));
+        const __m256d regc = _mm256_div_pd(_mm256_mul_pd(reg, _mm256_set1_pd(1 + 0x1p-40)), csv);
+        const __m256d gv = _mm256_mul_pd(g1, _mm256_max_pd(mf[r][j], _mm256_and_pd(regc, expmask)));
+        _mm_store_ps(gvf[r][j], _mm256_cvtpd_ps(gv));
+        gvs[r][j] = _mm256_mul_pd(gv, csv);
+      }
       const __m256d Th = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));  // NaN in reg propagates
       E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], Th), _mm256_mul_pd(r1, Q[r][j]));
     }
@@ -346,24 +444,47 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
     __m256i cnt[NR][4];
+    __m256 ls[NR][4];
     for (int q = 0; q < 4; ++q) {
-      __m256 u[4];
+      __m256 u[4], v[4] = {};
       for (int i = 0; i < 4; ++i) u[i] = _mm256_loadu_ps(mag[q] + k + 8 * i);
+      if (any_exact)
+        for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
       for (int r = 0; r < NR; ++r) {
         const __m256 t = _mm256_set1_ps(thr[r][j][q]);
         const float* l = rows[r].lf + k;
         __m256i c = _mm256_setzero_si256();
-        for (int i = 0; i < 4; ++i)
-          c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t,
-                                                                    _CMP_LT_OQ)));  // a true lane is -1
-        cnt[r][q] = c;
+        if (!exact[r]) {
+          for (int i = 0; i < 4; ++i)
+            c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t,
+                                                                      _CMP_LT_OQ)));  // a true lane is -1
+          cnt[r][q] = c;
+          continue;
+        }
+        // chunk_loss, eight terms at a time: a known code's (|p| mod gv)^2, an unknown one's
+        // gv^2 / 3 where it may lose bits.
+        const float gq = gvf[r][j][q];
+        const __m256 g = _mm256_set1_ps(gq), gi = _mm256_set1_ps(gq > 0 ? 1 / gq : 0.0f), g3 = _mm256_set1_ps(gq * gq / 3);
+        const float* cd = rows[r].code + k;
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+          const __m256 low = _mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t, _CMP_LT_OQ);
+          c = _mm256_sub_epi32(c, _mm256_castps_si256(low));
+          const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(cd + 8 * i), v[i]);
+          const __m256 ap = _mm256_and_ps(p, fabsmask);
+          const __m256 lo = _mm256_fnmadd_ps(_mm256_floor_ps(_mm256_mul_ps(ap, gi)), g, ap);
+          acc = _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_and_ps(low, g3), _mm256_mul_ps(lo, lo),
+                                                    _mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+        }
+        cnt[r][q] = c, ls[r][q] = acc;
       }
     }
-    for (int r = 0; r < NR; ++r) nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
+    for (int r = 0; r < NR; ++r) {
+      nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
+      if (exact[r]) loss[r][j] = _mm256_cvtps_pd(hsum4(ls[r][0], ls[r][1], ls[r][2], ls[r][3]));
+    }
   }
   __m256d V[NR];
-  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
-  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   const __m256d third = _mm256_set1_pd(1.0 / 3);
   for (int r = 0; r < NR; ++r) E[r] = zero, V[r] = zero;
   for (int j = 0; j < nch; ++j) {
@@ -372,7 +493,13 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(nlow[r][j], lead));
       const __m256d reg = _mm256_add_pd(P[r][j], E[r]);
       const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
-      if (var_out) {  // chunk_variance(G, T, r1 Q): T / G is the count, G = g1 max(mh, reg)
+      if (exact[r]) {  // chunk_variance_codes
+        const __m256d csv = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(rows[r].cs));
+        const __m256d rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
+        const __m256d g = _mm256_mul_pd(gvs[r][j], lead);
+        const __m256d cuts = _mm256_mul_pd(_mm256_fmadd_pd(g, g, _mm256_mul_pd(rp, rp)), third);
+        V[r] = _mm256_add_pd(V[r], _mm256_fmadd_pd(_mm256_mul_pd(loss[r][j], csv), csv, cuts));
+      } else if (var_out) {  // chunk_variance(G, T, r1 Q): T / G is the count, G = g1 max(mh, reg)
         const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
         const __m256d gp = _mm256_and_pd(G, expmask), rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
         const __m256d cnt = _mm256_add_pd(nlow[r][j], lead);
@@ -395,7 +522,8 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
 bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
-                                int64_t lderr, const float* in, double* abs_out, const float* maga, double* var) {
+                                int64_t lderr, const float* in, double* abs_out, const float* maga, double* var,
+                                const RowCodes* codes) {
   const int64_t C = L.chunks();
   if (!maga) maga = mag;
   const double g1 = std::ldexp(1.0, 1 - acc.kept_bits);
@@ -425,8 +553,17 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
     std::vector<double> tot(static_cast<size_t>(n * 4)), tabs(static_cast<size_t>(n * 4)),
         tvar(static_cast<size_t>(var ? n * 4 : 0));
     auto add4 = [](double* t, __m256d v) { _mm256_storeu_pd(t, _mm256_add_pd(_mm256_loadu_pd(t), v)); };
+    const bool with_codes = var && codes;
     auto row = [&](int64_t r, int64_t c0) {
-      return RowPtrs{af + r * lda, hf + r * lda, lf + r * lda, dcum + r * C + c0, in ? in + r * lda : nullptr};
+      const int64_t b = L.block_of[c0];
+      return RowPtrs{af + r * lda,
+                     hf + r * lda,
+                     lf + r * lda,
+                     dcum + r * C + c0,
+                     in ? in + r * lda : nullptr,
+                     with_codes ? codes->code + r * lda : nullptr,
+                     with_codes ? codes->field + r * lda : nullptr,
+                     with_codes ? codes->scale[r * codes->nb + b] : 0.0};
     };
     // Block-major: one block of four weight rows (4 KiB at 128 columns) stays in L1 while every
     // input row passes over it.
@@ -485,7 +622,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
 #endif
   std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C)),
       drift(static_cast<size_t>(C));
-  std::vector<float> thr(static_cast<size_t>(C));
+  std::vector<float> thr(static_cast<size_t>(C)), gvc(static_cast<size_t>(C));
   for (int64_t o = o_done; o < nr; ++o) {
     const float* dr = dec + o * ldw;
     const float* mr = mag + o * ldw;
@@ -495,6 +632,9 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
       const float* hr = hf + r * lda;
       const float* lr = lf + r * lda;
       const double* dc = dcum + r * C;
+      // The row's codes (noise model, RowCodes): scale products per block, 0 where not used.
+      const double* rcs = var && codes ? codes->scale + r * codes->nb : nullptr;
+      auto code_scale = [&](int64_t b) { return rcs ? std::fabs(scale[b]) * rcs[b] : 0.0; };
       // Pass 1: chunk maxima and sums, G^ (every product counted). |S| + Dl bounds the exact |S|.
       double Eh = 0, S = 0, Dl = 0, D = 0;
       for (int64_t c = 0; c < C; ++c) {
@@ -504,6 +644,9 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         if (first) Eh = 0, S = 0, Dl = 0, D = 0;
         const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mar + k0, m);
         mhs[c] = as * (double(cs.mx) * kMaxRel + kAbs), dots[c] = s * cs.dot, dls[c] = kSumRel * mhs[c] + kSumAbs * as;
+        if (const double cs2 = code_scale(b); cs2 > 0)
+          gvc[c] = variance_grid(g1, chunk_field_max(codes->field + r * lda + k0, mar + k0, m),
+                                 first ? 0.0 : (std::fabs(S) + Dl + D + Eh) / cs2);
         const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
         // Rounded to nearest, y = 256 G^ (1 + 2^-22) / |s| + 2^-148 becomes >= 256 G^ / |s|
         // (1 + 2^-24) + 2^-150, what the float products' own rounding needs (truncation_bound.hpp).
@@ -534,7 +677,11 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
         const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
         E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
-        V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dln + Dn));
+        if (const double cs = code_scale(L.block_of[c]); cs > 0)
+          V += chunk_variance_codes(chunk_loss(codes->code + r * lda + k0, dr + k0, lr + k0, mr + k0, thr[c], gvc[c], m),
+                                    cs * cs, double(gvc[c]) * cs, !first, r1 * (std::fabs(Sn) + Dln + Dn));
+        else if (var)
+          V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dln + Dn));
         S = Sn, Dl = Dln, D = Dn;
       }
       const double e = total + E;

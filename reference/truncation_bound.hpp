@@ -126,10 +126,41 @@ bool truncation_row_inputs_f32(int64_t K, const double* a, const double* hi, con
 // arose (err and abs_out are then unspecified).
 // maga: the weights' alignment magnitudes in the code domain, max(|dec|, 2^-6) (NaN where dec =
 // 0; nullptr: mag), used for the chunk maxima only.
+//
+// codes (optional, with var): the rows' FP8 codes, for the per-term losses of the noise model
+// (below); nullptr: every term that may lose bits counts a whole grid step (BUDGETS.md §10.1).
+struct RowCodes;
 bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& acc, const float* af, const float* hf,
                                 const float* lf, int64_t lda, const double* dcum, int64_t n, const float* dec,
                                 const float* mag, int64_t ldw, const float* scale, int64_t nr, double* err,
                                 int64_t lderr, const float* in = nullptr, double* abs_out = nullptr,
-                                const float* maga = nullptr, double* var = nullptr);
+                                const float* maga = nullptr, double* var = nullptr, const RowCodes* codes = nullptr);
+
+// ---- the noise model's per-term losses (BUDGETS.md §10.1) -----------------------------------
+// Inside a K block every term is a product of two e4m3 codes times the block's two scales, and
+// the device aligns and truncates the code products. Where the device's code is the reference's,
+// the bits it loses are known exactly: a grid g (a power of two in code units) removes |p| mod g
+// from the product p of the codes, and a grid bound gv >= g removes more (g divides gv), so
+// (|p| mod gv)^2 bounds the term's square. gv is the chunk's alignment power from exponent
+// fields (2^e(a) 2^e(w), 2^-6 for subnormals: the measured instruction's, §2.1) and the register
+// bound of the count-free recurrence, times 2^(1-p): the device's grid is never coarser. The
+// sign of each loss is the product's; A1 (§10.4) takes the signs as independent and symmetric,
+// so a term counts its loss squared. Where the device's code may differ (the operand's
+// deviation reaches 1/32 of it: no longer the same e4m3 code), the term counts gv^2 / 3 as before.
+// Per row, stride lda ([n, K]) unless said: code, the code's e4m3 value where the device's code
+// is the reference's (NaN where it may differ); field >= the alignment power in code units of
+// the device's operand (2^e of the code where known, hi / scale rounded up where not; NaN where
+// the operand is 0); scale [n, nb] the row's group scale per K block (block = group: the device
+// promotes per block), 0 where the block takes the whole-step model (a scale <= 0 or not finite).
+struct RowCodes {
+  const float* code;
+  const float* field;
+  const double* scale;
+  int64_t nb;
+};
+// One row's code and field from its FP8 codes and group scales (group size = L.block; the caller
+// passes none otherwise), its deviations dev (nullptr: 0) and truncation_row_inputs' hi.
+void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const float* scales, const double* dev,
+                          const double* hi, float* code, float* field, double* block_scale);
 
 }  // namespace moecheck
