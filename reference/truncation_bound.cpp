@@ -35,11 +35,16 @@ inline double chunk_variance(double G, double T, double rq) {
   return (G > 0 ? T / G * gp * gp : 0.0) / 3 + rp * rp / 3;
 }
 // With the rows' codes (RowCodes, truncation_bound.hpp): the chunk's per-term losses in code
-// units (chunk_loss) times the block's scale product squared, the register's own cut (a whole
-// step of the variance grid gvs in value units, when it holds a sum) and the result's cut.
-inline double chunk_variance_codes(double losses, double cs2, double gvs, bool reg, double rq) {
-  const double rp = pow2_floor(rq);
-  return losses * cs2 + (reg ? gvs * gvs / 3 : 0.0) + rp * rp / 3;
+// units (chunk_loss) times the block's scale product cs squared, and the two cuts of the running
+// sum, each uniform over the bits it may lose (BUDGETS.md §10.1): the register, whose lowest bit
+// is at least up = 2^(1-p) pow2_floor(|S_prev|) (it holds p bits), loses those below the chunk's
+// grid gd; the aligned sum (a multiple of gd) cut to p bits loses those below uc = 2^(1-p)
+// pow2_floor(|S|). gd = max(2^(1-p) mf cs, up): the chunk's largest alignment power or the
+// register's, as the device aligns (S the reference's partial sums: A5, the device's are in the
+// same binade).
+inline double chunk_variance_codes(double losses, double cs, double gd, double up, double uc, bool reg) {
+  const double lead = reg ? std::max(gd * gd - up * up, 0.0) : 0.0, cut = std::max(uc * uc - gd * gd, 0.0);
+  return losses * cs * cs + (lead + cut) / 3;
 }
 // The variance grid in code units: 2^(1-p) times the larger of the chunk's largest alignment
 // power mf (code units, a power of two) and the register bound reg_code's power of two. The
@@ -353,11 +358,13 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
   const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs), srel = _mm256_set1_pd(kSumRel);
   const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
   const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
+  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   __m256d mh[NR][kMaxBlockChunks], P[NR][kMaxBlockChunks], Q[NR][kMaxBlockChunks], nlow[NR][kMaxBlockChunks];
   alignas(16) float thr[NR][kMaxBlockChunks][4];
   // Per-term losses (RowCodes): the chunks' largest alignment powers (code units), variance grids
   // (code units, float, and value units) and loss sums.
-  __m256d mf[NR][kMaxBlockChunks], gvs[NR][kMaxBlockChunks], loss[NR][kMaxBlockChunks];
+  __m256d mf[NR][kMaxBlockChunks], loss[NR][kMaxBlockChunks], U[NR][kMaxBlockChunks];
   alignas(16) float gvf[NR][kMaxBlockChunks][4];
   bool exact[NR], any_exact = false;
   for (int r = 0; r < NR; ++r) exact[r] = var_out && rows[r].code && rows[r].cs > 0, any_exact |= exact[r];
@@ -415,13 +422,12 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       Dl = _mm256_add_pd(Dl, _mm256_fmadd_pd(mh[r][j], srel, bs.sum_abs));
       const __m256d D = _mm256_mul_pd(_mm256_set1_pd(rows[r].dc[j]), bs.bmax);
       P[r][j] = prev;
+      U[r][j] = _mm256_and_pd(_mm256_mul_pd(g1, _mm256_and_pd(S, absmask)), expmask);  // 2^(1-p) pow2_floor |S_j|
       Q[r][j] = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), Dl), D);
       prev = Q[r][j];
     }
   }
   // G^ and the thresholds: every product counted.
-  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
-  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   __m256d E[NR];
   for (int r = 0; r < NR; ++r) E[r] = zero;
   for (int j = 0; j < nch; ++j) {
@@ -435,7 +441,6 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
         const __m256d regc = _mm256_div_pd(_mm256_mul_pd(reg, _mm256_set1_pd(1 + 0x1p-40)), csv);
         const __m256d gv = _mm256_mul_pd(g1, _mm256_max_pd(mf[r][j], _mm256_and_pd(regc, expmask)));
         _mm_store_ps(gvf[r][j], _mm256_cvtpd_ps(gv));
-        gvs[r][j] = _mm256_mul_pd(gv, csv);
       }
       const __m256d Th = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));  // NaN in reg propagates
       E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], Th), _mm256_mul_pd(r1, Q[r][j]));
@@ -495,9 +500,12 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
       if (exact[r]) {  // chunk_variance_codes
         const __m256d csv = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(rows[r].cs));
-        const __m256d rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
-        const __m256d g = _mm256_mul_pd(gvs[r][j], lead);
-        const __m256d cuts = _mm256_mul_pd(_mm256_fmadd_pd(g, g, _mm256_mul_pd(rp, rp)), third);
+        const __m256d up = j ? U[r][j - 1] : zero, uc = U[r][j];
+        const __m256d gd = _mm256_max_pd(_mm256_mul_pd(_mm256_mul_pd(g1, mf[r][j]), csv), up);
+        const __m256d gd2 = _mm256_mul_pd(gd, gd);
+        const __m256d lead2 = _mm256_mul_pd(lead, _mm256_max_pd(_mm256_fnmadd_pd(up, up, gd2), zero));
+        const __m256d cut2 = _mm256_max_pd(_mm256_fmsub_pd(uc, uc, gd2), zero);
+        const __m256d cuts = _mm256_mul_pd(_mm256_add_pd(lead2, cut2), third);
         V[r] = _mm256_add_pd(V[r], _mm256_fmadd_pd(_mm256_mul_pd(loss[r][j], csv), csv, cuts));
       } else if (var_out) {  // chunk_variance(G, T, r1 Q): T / G is the count, G = g1 max(mh, reg)
         const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
@@ -623,6 +631,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
   std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C)),
       drift(static_cast<size_t>(C));
   std::vector<float> thr(static_cast<size_t>(C)), gvc(static_cast<size_t>(C));
+  std::vector<double> mfc(static_cast<size_t>(C));
   for (int64_t o = o_done; o < nr; ++o) {
     const float* dr = dec + o * ldw;
     const float* mr = mag + o * ldw;
@@ -644,9 +653,10 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         if (first) Eh = 0, S = 0, Dl = 0, D = 0;
         const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mar + k0, m);
         mhs[c] = as * (double(cs.mx) * kMaxRel + kAbs), dots[c] = s * cs.dot, dls[c] = kSumRel * mhs[c] + kSumAbs * as;
-        if (const double cs2 = code_scale(b); cs2 > 0)
-          gvc[c] = variance_grid(g1, chunk_field_max(codes->field + r * lda + k0, mar + k0, m),
-                                 first ? 0.0 : (std::fabs(S) + Dl + D + Eh) / cs2);
+        if (const double csb = code_scale(b); csb > 0) {
+          mfc[c] = chunk_field_max(codes->field + r * lda + k0, mar + k0, m);
+          gvc[c] = variance_grid(g1, mfc[c], first ? 0.0 : (std::fabs(S) + Dl + D + Eh) / csb);
+        }
         const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
         // Rounded to nearest, y = 256 G^ (1 + 2^-22) / |s| + 2^-148 becomes >= 256 G^ / |s|
         // (1 + 2^-24) + 2^-150, what the float products' own rounding needs (truncation_bound.hpp).
@@ -677,10 +687,11 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
         const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
         E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
-        if (const double cs = code_scale(L.block_of[c]); cs > 0)
+        if (const double cs = code_scale(L.block_of[c]); cs > 0) {
+          const double up = first ? 0.0 : pow2_floor(g1 * std::fabs(S)), uc = pow2_floor(g1 * std::fabs(Sn));
           V += chunk_variance_codes(chunk_loss(codes->code + r * lda + k0, dr + k0, lr + k0, mr + k0, thr[c], gvc[c], m),
-                                    cs * cs, double(gvc[c]) * cs, !first, r1 * (std::fabs(Sn) + Dln + Dn));
-        else if (var)
+                                    cs, std::max(g1 * mfc[c] * cs, up), up, uc, !first);
+        } else if (var)
           V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dln + Dn));
         S = Sn, Dl = Dln, D = Dn;
       }
