@@ -259,6 +259,7 @@ struct Scratch {
   std::vector<float> qscales;
   std::vector<float> tcode, tfield;             // noise model: the rows' RowCodes [n, K]
   std::vector<double> tcs;
+  std::vector<uint8_t> tknown;
   RowCodes trc{};
 };
 
@@ -361,10 +362,11 @@ void prepare_row_codes(TruncationProduct& tp, int64_t group, CodesOf codes_of, S
   s.tcode.resize(size_t(n * K));
   s.tfield.resize(size_t(n * K));
   s.tcs.resize(size_t(n * nb));
+  s.tknown.resize(size_t(n * nb));
   for (int64_t r = 0; r < n; ++r)
     truncation_row_codes(L, codes_of(r), scales_of(r), dev_of(r), tp.hi->row(r).data(), s.tcode.data() + r * K,
-                         s.tfield.data() + r * K, s.tcs.data() + r * nb);
-  s.trc = {s.tcode.data(), s.tfield.data(), s.tcs.data(), nb};
+                         s.tfield.data() + r * K, s.tcs.data() + r * nb, s.tknown.data() + r * nb);
+  s.trc = {s.tcode.data(), s.tfield.data(), s.tcs.data(), nb, s.tknown.data()};
   tp.codes = &s.trc;
 }
 

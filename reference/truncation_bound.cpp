@@ -55,22 +55,23 @@ inline float variance_grid(double g1, double mf, double reg_code) {
 }  // namespace
 
 void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const float* scales, const double* dev,
-                          const double* hi, float* code, float* field, double* block_scale) {
+                          const double* hi, float* code, float* field, double* block_scale, uint8_t* block_known) {
   const float* table = fp8_table(Fp8Format::e4m3fn);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t b = 0, k0 = 0; k0 < L.K; ++b, k0 += L.block) {
     const double s = scales[b];
     const bool ok = s > 0 && std::isfinite(s);
     block_scale[b] = ok ? s : 0.0;
+    block_known[b] = 1;
     for (int64_t k = k0; k < std::min(L.K, k0 + L.block); ++k) {
       const double v = table[codes[k]], a = v * s, d = dev ? dev[k] : 0.0;
       if (!ok || !std::isfinite(v)) {
-        code[k] = field[k] = nan;
+        code[k] = field[k] = nan, block_known[b] = 0;
       } else if (a == 0 ? d == 0 : d < std::fabs(a) / 32) {  // an e4m3 step is >= |a| / 16: the same code
         code[k] = static_cast<float>(v);
         field[k] = v == 0 ? nan : static_cast<float>(pow2_floor(std::max(std::fabs(v), 0x1p-6)));
       } else {
-        code[k] = nan;
+        code[k] = nan, block_known[b] = 0;
         field[k] = hi[k] > 0 ? f32_up(hi[k] / s * (1 + 0x1p-50)) : nan;
       }
     }
@@ -334,6 +335,7 @@ struct RowPtrs {
   const float* code;
   const float* field;
   double cs;
+  bool known;  // every code of the block known: no unknown-term fallback to test
 };
 
 // E_b of one block (nch chunks of 32 from k0) for NR input rows against four weight rows, one
@@ -472,14 +474,24 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
         const __m256 g = _mm256_set1_ps(gq), gi = _mm256_set1_ps(gq > 0 ? 1 / gq : 0.0f), g3 = _mm256_set1_ps(gq * gq / 3);
         const float* cd = rows[r].code + k;
         __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < 4; ++i) {
-          const __m256 low = _mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t, _CMP_LT_OQ);
-          c = _mm256_sub_epi32(c, _mm256_castps_si256(low));
-          const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(cd + 8 * i), v[i]);
-          const __m256 ap = _mm256_and_ps(p, fabsmask);
-          const __m256 lo = _mm256_fnmadd_ps(_mm256_floor_ps(_mm256_mul_ps(ap, gi)), g, ap);
-          acc = _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_and_ps(low, g3), _mm256_mul_ps(lo, lo),
-                                                    _mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+        if (rows[r].known) {
+          for (int i = 0; i < 4; ++i) {
+            c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t,
+                                                                      _CMP_LT_OQ)));
+            const __m256 ap = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(cd + 8 * i), v[i]), fabsmask);
+            const __m256 lo = _mm256_fnmadd_ps(_mm256_floor_ps(_mm256_mul_ps(ap, gi)), g, ap);
+            acc = _mm256_fmadd_ps(lo, lo, acc);
+          }
+        } else {
+          for (int i = 0; i < 4; ++i) {
+            const __m256 low = _mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t, _CMP_LT_OQ);
+            c = _mm256_sub_epi32(c, _mm256_castps_si256(low));
+            const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(cd + 8 * i), v[i]);
+            const __m256 ap = _mm256_and_ps(p, fabsmask);
+            const __m256 lo = _mm256_fnmadd_ps(_mm256_floor_ps(_mm256_mul_ps(ap, gi)), g, ap);
+            acc = _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_and_ps(low, g3), _mm256_mul_ps(lo, lo),
+                                                      _mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+          }
         }
         cnt[r][q] = c, ls[r][q] = acc;
       }
@@ -571,7 +583,8 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
                      in ? in + r * lda : nullptr,
                      with_codes ? codes->code + r * lda : nullptr,
                      with_codes ? codes->field + r * lda : nullptr,
-                     with_codes ? codes->scale[r * codes->nb + b] : 0.0};
+                     with_codes ? codes->scale[r * codes->nb + b] : 0.0,
+                     with_codes && codes->known[r * codes->nb + b] != 0};
     };
     // Block-major: one block of four weight rows (4 KiB at 128 columns) stays in L1 while every
     // input row passes over it.

@@ -151,16 +151,18 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
 // is the reference's (NaN where it may differ); field >= the alignment power in code units of
 // the device's operand (2^e of the code where known, hi / scale rounded up where not; NaN where
 // the operand is 0); scale [n, nb] the row's group scale per K block (block = group: the device
-// promotes per block), 0 where the block takes the whole-step model (a scale <= 0 or not finite).
+// promotes per block), 0 where the block takes the whole-step model (a scale <= 0 or not finite);
+// known [n, nb] 1 where every code of the row's block is known (the fast form).
 struct RowCodes {
   const float* code;
   const float* field;
   const double* scale;
   int64_t nb;
+  const uint8_t* known;
 };
 // One row's code and field from its FP8 codes and group scales (group size = L.block; the caller
 // passes none otherwise), its deviations dev (nullptr: 0) and truncation_row_inputs' hi.
 void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const float* scales, const double* dev,
-                          const double* hi, float* code, float* field, double* block_scale);
+                          const double* hi, float* code, float* field, double* block_scale, uint8_t* block_known);
 
 }  // namespace moecheck

@@ -438,6 +438,7 @@ TEST(TruncationBound, PerTermLossVarianceMatchesTheMeasuredInstruction) {
       for (int64_t i = 0; i < n * nb; ++i) sa[i] = static_cast<float>((1 + r.uniform(7000003 + i)) * 0x1p-8);
       for (int64_t b = 0; b < nb; ++b) sw[b] = static_cast<float>((1 + r.uniform(7100003 + b)) * 0x1p-9);
       std::vector<double> a(n * K), hi(n * K), lo(n * K), dcum(n * L.chunks()), floor(n * K), bscale(n * nb);
+      std::vector<uint8_t> known(n * nb);
       std::vector<float> af(n * K), hf(n * K), lf(n * K), rcode(n * K), rfield(n * K);
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t k = 0; k < K; ++k) {
@@ -447,7 +448,7 @@ TEST(TruncationBound, PerTermLossVarianceMatchesTheMeasuredInstruction) {
         truncation_row_inputs(L, &a[i * K], nullptr, &hi[i * K], &lo[i * K], &dcum[i * L.chunks()], &floor[i * K]);
         ASSERT_TRUE(truncation_row_inputs_f32(K, &a[i * K], &hi[i * K], &lo[i * K], &af[i * K], &hf[i * K], &lf[i * K]));
         truncation_row_codes(L, &ac[i * K], &sa[i * nb], nullptr, &hi[i * K], &rcode[i * K], &rfield[i * K],
-                             &bscale[i * nb]);
+                             &bscale[i * nb], &known[i * nb]);
       }
       std::vector<float> dec(nr * K), mag(nr * K), maga(nr * K);
       for (int64_t i = 0; i < nr * K; ++i) {
@@ -455,7 +456,7 @@ TEST(TruncationBound, PerTermLossVarianceMatchesTheMeasuredInstruction) {
         mag[i] = dec[i] != 0 ? std::fabs(dec[i]) : NAN;
         maga[i] = dec[i] != 0 ? std::max(std::fabs(dec[i]), 0x1p-6f) : NAN;
       }
-      const RowCodes rc{rcode.data(), rfield.data(), bscale.data(), nb};
+      const RowCodes rc{rcode.data(), rfield.data(), bscale.data(), nb, known.data()};
       std::vector<double> err(n * nr), var(n * nr), old_var(n * nr);
       ASSERT_TRUE(truncation_bound_panel_f32(L, acc, af.data(), hf.data(), lf.data(), K, dcum.data(), n, dec.data(),
                                              mag.data(), K, sw.data(), nr, err.data(), nr, nullptr, nullptr,
