@@ -164,11 +164,11 @@ py::array_t<double> reference(const Case& c, const std::string& tier) {
 // --seed S --case i` runs), written to path; returns the make-case command that rebuilds it.
 std::string sweep_case_file(uint64_t seed, int64_t index, const std::vector<std::string>& presets,
                             const std::vector<std::string>& recipes, const std::filesystem::path& path) {
-  const std::vector<std::string> names = presets.empty() ? cli::default_sweep_presets(false) : presets;
+  const std::vector<std::string> names = presets.empty() ? sweep::default_sweep_presets(false) : presets;
   for (const std::string& p : names)
     if (!find_model_preset(p)) throw InputError("", "presets", "unknown preset \"" + p + "\"; known presets: " + model_preset_names());
-  GeneratorOptions g = cli::sweep_case(seed, index, names);
-  if (const std::string rule = cli::apply_recipes(g, recipes); !rule.empty()) throw InputError("", "recipe", rule);
+  GeneratorOptions g = sweep::sweep_case(seed, index, names);
+  if (const std::string rule = sweep::apply_recipes(g, recipes); !rule.empty()) throw InputError("", "recipe", rule);
   py::gil_scoped_release unlocked;
   write_case(plan_case(g, path.string()), path.string());
   return make_case_command(g, path.string());
@@ -216,5 +216,5 @@ PYBIND11_MODULE(_moecheck, m) {
   m.def("reference", &reference, py::arg("case"), py::arg("tier"));
   m.def("budget_model_names", &budget_model_names);
   m.def("sweep_case", &sweep_case_file, py::arg("seed"), py::arg("index"), py::arg("presets"), py::arg("recipes"), py::arg("path"));
-  m.def("default_sweep_presets", [] { return cli::default_sweep_presets(false); });
+  m.def("default_sweep_presets", [] { return sweep::default_sweep_presets(false); });
 }

@@ -7,7 +7,7 @@
 
 #include "reference/moe_config.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::bench {
 
 struct BenchShape {
   std::string name;
@@ -33,4 +33,4 @@ struct GpuBenchRequest {
 };
 int bench_gpu(const GpuBenchRequest& q);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::bench

@@ -28,7 +28,7 @@
 #include "kernels/gpu_bench.hpp"
 #endif
 
-namespace moecheck::cli {
+namespace moecheck::bench {
 
 #ifdef MOECHECK_HAVE_CUDA
 namespace {
@@ -152,4 +152,4 @@ int bench_gpu(const GpuBenchRequest& q) {
 #endif
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::bench

@@ -22,7 +22,7 @@
 #include "tools/bench/bench.hpp"
 #include "tools/judge/reference_store.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::bench {
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -197,4 +197,4 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   return 0;
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::bench

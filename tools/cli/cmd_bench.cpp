@@ -14,7 +14,7 @@ void register_bench(CLI::App& app) {
   auto* sub = app.add_subcommand("bench", "benchmarks that print figures (not tests)");
   auto* ref = sub->add_subcommand("reference", "float64 reference: wall time, GFLOP/s vs this machine's GEMM rate, peak RSS");
   sub->require_subcommand(0, 1);
-  auto g = std::make_shared<GpuBenchRequest>();
+  auto g = std::make_shared<bench::GpuBenchRequest>();
   sub->add_option("--backend", g->backend, "GPU backend to time: cuda | cublaslt")
       ->check(CLI::IsMember({"cuda", "cublaslt"}));
   sub->add_option("--preset", g->preset, "model preset (moecheck make-case --list-presets)");
@@ -29,7 +29,7 @@ void register_bench(CLI::App& app) {
   set_runner(sub, [g]() {
     if (g->backend.empty())
       throw InputError("", "--backend", "give --backend cuda|cublaslt, or a subcommand (moecheck bench reference)");
-    return bench_gpu(*g);
+    return bench::bench_gpu(*g);
   });
   struct Opts {
     std::string preset = "deepseek-v3";
@@ -55,10 +55,10 @@ void register_bench(CLI::App& app) {
   set_runner(ref, [o]() {
     const ModelPreset* p = find_model_preset(o->preset);
     if (!p) throw InputError("", "--preset", "unknown preset '" + o->preset + "'; presets: " + model_preset_names());
-    BenchShape shape{std::string(p->name), p->config, p->routing_bias};
+    bench::BenchShape shape{std::string(p->name), p->config, p->routing_bias};
     std::vector<std::string> models;
     if (o->compare) models = o->models.empty() ? std::vector<std::string>{"fp32", "hopper"} : o->models;
-    return bench_reference(shape, o->tokens, o->seed, o->threads, models, o->repeat);
+    return bench::bench_reference(shape, o->tokens, o->seed, o->threads, models, o->repeat);
   });
 }
 

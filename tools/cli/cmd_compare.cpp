@@ -29,33 +29,22 @@
 namespace moecheck::cli {
 
 namespace {
-// Tier "ideal" (BUDGETS.md §8): the ideal output as the reference, its budget the quantized
-// budget plus the bound on |ideal - quantized|. Slot outputs are not judged in this tier.
-ForwardResult as_ideal(ForwardResult q, const std::vector<double>& ideal_output) {
-  for (size_t i = 0; i < q.output.size(); ++i) {
-    q.budget[i] += q.ideal_bound[i];
-    q.noise_var[i] += q.ideal_bound[i] * q.ideal_bound[i] / 3;
-  }
-  q.output = ideal_output;
-  return q;
-}
-
 // The JUnit record of a compare run: the case a suite, each judged output a testcase.
-JunitSuite junit_suite(const report::ReportContext& ctx, const std::vector<CompareResult>& results, double seconds) {
-  JunitSuite suite{.name = "moecheck compare " + ctx.case_path, .cases = {}};
+sweep::JunitSuite junit_suite(const report::ReportContext& ctx, const std::vector<CompareResult>& results, double seconds) {
+  sweep::JunitSuite suite{.name = "moecheck compare " + ctx.case_path, .cases = {}};
   for (size_t i = 0; i < results.size(); ++i) {
     const CompareResult& r = results[i];
-    JunitCase jc{.name = r.name, .classname = ctx.case_path, .seconds = seconds / double(results.size())};
+    sweep::JunitCase jc{.name = r.name, .classname = ctx.case_path, .seconds = seconds / double(results.size())};
     report::ReportContext one = ctx;
     one.data.clear();
     std::ostringstream text;
     report::write_text(text, one, {r});
     if (!r.pass) {
-      jc.result = JunitCase::Result::failure;
-      jc.message = r.power.vacuous && r.checks_failed == 0 ? "vacuous: " + report::power_line(r) : failure_reason(r);
+      jc.result = sweep::JunitCase::Result::failure;
+      jc.message = r.power.vacuous && r.checks_failed == 0 ? "vacuous: " + report::power_line(r) : judge::failure_reason(r);
       jc.text = text.str();
     } else if (r.power.vacuous) {
-      jc.result = JunitCase::Result::skipped;
+      jc.result = sweep::JunitCase::Result::skipped;
       jc.message = "vacuous (allowed): " + report::power_line(r);
     }
     suite.cases.push_back(std::move(jc));
@@ -110,7 +99,7 @@ void register_compare(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     const CaseProblem::InputHashes hashes = cp.input_hashes();
     const std::string& hash = hashes.combined;
-    for (const OutputInfo& out : outputs) check_input_hashes(hashes, out, r.path());
+    for (const OutputInfo& out : outputs) judge::check_input_hashes(hashes, out, r.path());
     std::vector<CompareResult> results(outputs.size());
     std::vector<std::vector<float>> observed(outputs.size());
     std::string models;
@@ -121,13 +110,9 @@ void register_compare(CLI::App& app) {
       ForwardResult ref;
       if (o->tier == "ideal") {
         const BudgetModel m = parse_budget_model(model_name);
-        ForwardOptions fq;
-        fq.tier = Tier::quantized, fq.budget = &m, fq.ideal_bound = true;
-        ForwardOptions fi;
-        fi.tier = Tier::ideal;
-        ref = as_ideal(moe_forward(cp.problem(), fq), moe_forward(cp.problem(), fi).output);
+        ref = judge::ideal_judging_reference(cp, m);  // slot outputs are not judged in this tier
       } else {
-        ref = quantized_reference(cp, hash, model_name, !o->quiet, &reused, o->requant_test);
+        ref = judge::quantized_reference(cp, hash, model_name, !o->quiet, &reused, o->requant_test);
       }
       ref_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tr).count();
       if (!o->quiet)
@@ -139,7 +124,7 @@ void register_compare(CLI::App& app) {
       copt.requant_test = o->requant_test;
       models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
       for (size_t i : idx) {
-        Observation obs = observation_of(outputs[i].name, r.read_output(outputs[i].name));
+        Observation obs = judge::observation_of(outputs[i].name, r.read_output(outputs[i].name));
         if (o->tier == "ideal") obs.expert_outputs.clear();
         if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
           throw InputError(r.path(), "/outputs/" + outputs[i].name + "/output", "shape does not match [T, H]");
@@ -160,9 +145,10 @@ void register_compare(CLI::App& app) {
     if (!o->json.empty()) report::write_json_file(o->json, ctx, results);
     if (!o->html.empty()) report::write_html_file(o->html, ctx, results);
     if (!o->junit.empty())
-      write_junit_file(o->junit, {junit_suite(ctx, results, std::chrono::duration<double>(
-                                                                std::chrono::steady_clock::now() - t0).count())},
-                       "moecheck compare");
+      sweep::write_junit_file(
+          o->junit,
+          {junit_suite(ctx, results, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())},
+          "moecheck compare");
     if (!o->quiet)
       std::cerr << fmt::format("moecheck: compare took {:.2f} s (reference {:.2f} s)\n",
                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

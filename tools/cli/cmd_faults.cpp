@@ -85,11 +85,11 @@ const char* miss(bool familiar_pass) { return familiar_pass ? "**missed**" : "ca
 
 // The bug case run on `backend` and judged with its default model; no result: the backend threw.
 std::optional<CompareResult> judge_bug_case(const std::string& file, const std::string& backend, int64_t thr) {
-  CheckOptions k;
+  judge::CheckOptions k;
   k.backend = backend;
   k.int32_threshold = thr;
-  CheckOutcome out = check_case(file, k);
-  if (out.status == CheckStatus::input_error) throw InputError(file, "", out.reason);
+  judge::CheckOutcome out = judge::check_case(file, k);
+  if (out.status == judge::CheckStatus::input_error) throw InputError(file, "", out.reason);
   if (out.results.empty()) return std::nullopt;
   return std::move(out.results.front());
 }
@@ -130,8 +130,8 @@ void register_faults(CLI::App& app) {
     std::vector<std::string> backends, fault_names;
     const bool exec = !o->backend.empty();
     if (exec) {
-      for (const std::string& f : exec_fault_names(o->backend, o->faults_csv)) {
-        backends.push_back(exec_with_fault(o->backend, f));
+      for (const std::string& f : judge::exec_fault_names(o->backend, o->faults_csv)) {
+        backends.push_back(judge::exec_with_fault(o->backend, f));
         fault_names.push_back(f);
       }
     } else {
@@ -142,17 +142,17 @@ void register_faults(CLI::App& app) {
         fault_names.push_back(std::string(to_string(f)));
       }
     }
-    std::vector<Tally> sweep(backends.size());
+    std::vector<Tally> sweep_tally(backends.size());
     const BudgetModel fp32 = parse_budget_model("fp32");
 
     // The sweep: one case, one reference, every backend.
     std::string tmpl = (fs::temp_directory_path() / "moecheck-faults-XXXXXX").string();
     if (o->cases > 0 && !mkdtemp(tmpl.data())) throw InputError(tmpl, "", "cannot create a temporary directory");
     const interrupt::ScratchPath work_dir(tmpl);  // registered once mkdtemp has chosen the name
-    const std::vector<std::string> presets = default_sweep_presets(false);
+    const std::vector<std::string> presets = sweep::default_sweep_presets(false);
     for (int64_t i = 0; i < o->cases; ++i) {
       interrupt::set_stage(fmt::format("faults: sweep case {} of {} (seed {})", i + 1, o->cases, o->seed));
-      const GeneratorOptions g = sweep_case(o->seed, i, presets);
+      const GeneratorOptions g = sweep::sweep_case(o->seed, i, presets);
       const std::string path = (fs::path(tmpl) / fmt::format("case-{}.h5", i)).string();
       write_case(plan_case(g, path), path);
       {
@@ -160,29 +160,30 @@ void register_faults(CLI::App& app) {
         if (exec) {
           // Each run judged with the model its output names (one reference per model, as check_problem does).
           for (size_t b = 0; b < backends.size(); ++b) {
-            CheckOptions k;
+            judge::CheckOptions k;
             k.backend = backends[b];
-            const CheckOutcome out = check_problem(cp, k);
-            if (out.status == CheckStatus::input_error) throw InputError(path, "", out.reason);
-            tally(sweep[b], out.results.empty() ? nullptr : &out.results.front());
+            const judge::CheckOutcome out = judge::check_problem(cp, k);
+            if (out.status == judge::CheckStatus::input_error) throw InputError(path, "", out.reason);
+            tally(sweep_tally[b], out.results.empty() ? nullptr : &out.results.front());
           }
           fs::remove(path);
           if (!o->quiet) std::cerr << fmt::format("\rmoecheck faults: sweep case {}/{}", i + 1, o->cases) << std::flush;
           continue;
         }
-        const ForwardResult ref = judging_reference(cp, fp32);
+        const ForwardResult ref = judge::judging_reference(cp, fp32);
         CompareOptions copt;
         copt.model = fp32;
         copt.keep_ratios = false;
         for (size_t b = 0; b < backends.size(); ++b) {
-          const int64_t thr = backends[b] == "faulty:int32_overflow" ? scaled_int32_threshold(cp.config(), cp.tokens()) : 0;
+          const int64_t thr =
+              backends[b] == "faulty:int32_overflow" ? judge::scaled_int32_threshold(cp.config(), cp.tokens()) : 0;
           try {
-            const BackendOutput out = run_backend(cp, backends[b], true, thr);
-            const CompareResult r = compare_output(cp.problem(), ref, observation_of(out), copt);
-            tally(sweep[b], &r);
+            const BackendOutput out = judge::run_backend(cp, backends[b], true, thr);
+            const CompareResult r = compare_output(cp.problem(), ref, judge::observation_of(out), copt);
+            tally(sweep_tally[b], &r);
           } catch (const InputError& e) {
             if (e.where() == "--backend") throw;
-            tally(sweep[b], nullptr);
+            tally(sweep_tally[b], nullptr);
           }
         }
       }
@@ -194,8 +195,8 @@ void register_faults(CLI::App& app) {
       if (!o->quiet) std::cerr << "\n";
     }
 
-    bool ok = sweep[0].caught == 0;
-    if (exec) std::cout << fmt::format("backend {}\n\n", shell_quote(o->backend));
+    bool ok = sweep_tally[0].caught == 0;
+    if (exec) std::cout << fmt::format("backend {}\n\n", judge::shell_quote(o->backend));
     std::cout << fmt::format(
         "| backend | golden/bugs case: moecheck | the same @hopper | DeepGEMM cos-diff < 1e-3 | SGLang mean-rel < 0.02 | "
         "vLLM atol=rtol=0.035 | NMSE < 5e-3 | sweep (seed {}): caught / cases | missed by DeepGEMM / SGLang / vLLM / NMSE |\n",
@@ -224,7 +225,7 @@ void register_faults(CLI::App& app) {
       } else if (b > 0) {
         bug = "(no bug case)";
       }
-      const Tally& t = sweep[b];
+      const Tally& t = sweep_tally[b];
       std::string sw = o->cases > 0 ? fmt::format("{} / {}", t.caught, t.cases) : "-";
       std::string mi = "-";
       if (o->cases > 0)

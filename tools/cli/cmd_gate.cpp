@@ -136,11 +136,12 @@ std::string default_golden_dir() {
 }
 
 std::string gate_command(const GateOptions& o, const std::string& backend, int64_t index) {
-  std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", shell_quote(backend), o.seed, index);
+  std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", judge::shell_quote(backend), o.seed, index);
   if (!o.presets_csv.empty()) s += " --presets " + o.presets_csv;
-  for (const std::string& r : o.recipes) s += " --recipe " + shell_quote(r);
+  for (const std::string& r : o.recipes) s += " --recipe " + judge::shell_quote(r);
   if (o.int32_threshold > 0) s += fmt::format(" --int32-threshold {}", o.int32_threshold);
-  if (is_exec_backend(backend) && exec_timeout_seconds() != 600) s += fmt::format(" --exec-timeout {}", exec_timeout_seconds());
+  if (judge::is_exec_backend(backend) && judge::exec_timeout_seconds() != 600)
+    s += fmt::format(" --exec-timeout {}", judge::exec_timeout_seconds());
   return s;
 }
 
@@ -152,21 +153,21 @@ int run_gate(GateOptions& o) {
   // ---- which backend ----
   std::string why;
   if (o.backend.empty()) {
-    const GpuAvailability g = gpu_availability();
+    const judge::GpuAvailability g = judge::gpu_availability();
     o.backend = g.usable ? "cuda" : "emulated";
     why = g.usable ? "default: a usable GPU (" + g.device + ")" : "default without a usable GPU: " + g.why;
   } else {
     why = "given with --backend";
   }
-  const BackendName bn = parse_backend_name(o.backend);
+  const judge::BackendName bn = judge::parse_backend_name(o.backend);
   const bool gpu = bn.gpu();
   // Backends that run on the golden corpus's cases too (not only judged on their recordings).
   const bool runs_on_corpus = gpu || bn.exec();
   if (gpu) {
-    const GpuAvailability g = gpu_availability();
+    const judge::GpuAvailability g = judge::gpu_availability();
     if (!g.usable) throw InputError("", "--backend", o.backend + " needs a usable GPU: " + g.why);
   }
-  std::vector<std::string> presets = o.presets_csv.empty() ? default_sweep_presets(gpu) : split_csv(o.presets_csv);
+  std::vector<std::string> presets = o.presets_csv.empty() ? sweep::default_sweep_presets(gpu) : split_csv(o.presets_csv);
   for (const std::string& p : presets) {
     const ModelPreset* mp = find_model_preset(p);
     if (!mp) throw InputError("", "--presets", fmt::format("unknown preset \"{}\"; known presets: {}", p, model_preset_names()));
@@ -174,7 +175,7 @@ int run_gate(GateOptions& o) {
   }
   if (o.cases_opt->count() && o.time_opt->count()) throw InputError("", "--time", "give --cases or --time, not both");
   if (GeneratorOptions probe; !o.recipes.empty())
-    if (const std::string rule = apply_recipes(probe, o.recipes); !rule.empty()) throw InputError("", "--recipe", rule);
+    if (const std::string rule = sweep::apply_recipes(probe, o.recipes); !rule.empty()) throw InputError("", "--recipe", rule);
   const bool int32_fault = bn.base == "faulty:int32_overflow";
   std::cout << fmt::format("gate: backend {} ({}), seed {}, presets {}\n", o.backend, why, o.seed, fmt::join(presets, ","));
   if (int32_fault && o.int32_threshold == 0)
@@ -200,7 +201,7 @@ int run_gate(GateOptions& o) {
   const std::string shrink_dir = o.shrink_dir.empty() ? work : o.shrink_dir;
   if (!o.shrink_dir.empty()) fs::create_directories(shrink_dir);
 
-  std::vector<JunitSuite> suites;
+  std::vector<sweep::JunitSuite> suites;
   std::vector<Failure> failures;
   std::map<std::string, std::pair<int64_t, int64_t>> features;  // label -> (run, failed)
   int64_t run = 0, passed = 0, shrunk = 0, control_failed = 0, errors = 0, vacuous = 0;
@@ -208,14 +209,14 @@ int run_gate(GateOptions& o) {
   Progress progress(!o.quiet, "gate");
 
   // ---- the sweep ----
-  JunitSuite sweep{fmt::format("sweep {} seed {}", o.backend, o.seed), {}};
+  sweep::JunitSuite sweep_suite{fmt::format("sweep {} seed {}", o.backend, o.seed), {}};
   const int64_t first = o.case_index >= 0 ? o.case_index : 0;
   const int64_t count = o.case_index >= 0 ? 1 : (o.time > 0 ? INT64_MAX : o.cases);
   for (int64_t i = first; i < first + count; ++i) {
     if (o.time > 0 && progress.seconds() >= o.time) break;
     if (o.max_failures > 0 && int64_t(failures.size()) >= o.max_failures) break;
-    GeneratorOptions g = sweep_case(o.seed, i, presets);
-    apply_recipes(g, o.recipes);
+    GeneratorOptions g = sweep::sweep_case(o.seed, i, presets);
+    sweep::apply_recipes(g, o.recipes);
     const std::string path = (fs::path(work) / fmt::format("case-{}.h5", i)).string();
     const std::string make = make_case_command(g, path);
     interrupt::ScratchPath case_scratch(path);
@@ -224,7 +225,7 @@ int run_gate(GateOptions& o) {
                                                   o.seed, failures.size()));
     progress.update(i - first, o.time > 0 ? 0 : count, int64_t(failures.size()),
                     fmt::format("{} T={}", g.preset, g.tokens));
-    CheckOptions chk;
+    judge::CheckOptions chk;
     chk.backend = o.backend;
     chk.expert_outputs = !o.no_expert_outputs;
     chk.allow_vacuous = o.allow_vacuous;
@@ -233,20 +234,20 @@ int run_gate(GateOptions& o) {
     {
       const CaseReader rd(path);
       chk.int32_threshold = o.int32_threshold > 0 ? o.int32_threshold
-                            : int32_fault       ? scaled_int32_threshold(rd.config(), rd.tokens())
+                            : int32_fault       ? judge::scaled_int32_threshold(rd.config(), rd.tokens())
                                                 : 0;
     }
-    const CheckOutcome out = check_case(path, chk);
-    if (out.status != CheckStatus::pass) case_scratch.release(), work_scratch.reset();  // a result: kept
+    const judge::CheckOutcome out = judge::check_case(path, chk);
+    if (out.status != judge::CheckStatus::pass) case_scratch.release(), work_scratch.reset();  // a result: kept
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc0).count();
     ++run;
-    const std::vector<std::string> feats = sweep_features(g);
+    const std::vector<std::string> feats = sweep::sweep_features(g);
     for (const std::string& f : feats) ++features[f].first;
-    JunitCase jc;
+    sweep::JunitCase jc;
     jc.classname = "moecheck.gate.sweep";
     jc.name = fmt::format("case {}: {} T={} {}", i, g.preset, g.tokens, fmt::join(feats.begin() + 1, feats.end(), " "));
     jc.seconds = secs;
-    if (out.status == CheckStatus::input_error) {
+    if (out.status == judge::CheckStatus::input_error) {
       // A generated case the reader or the reference refuses (say a routed-only case without the
       // near-tie partner the backend chose) is moecheck's own defect, not the backend's: an
       // error, reported and counted, and the sweep goes on.
@@ -255,10 +256,10 @@ int run_gate(GateOptions& o) {
       fl.what = fmt::format("sweep case {} ({} T={}) could not be judged", i, g.preset, g.tokens);
       fl.reason = out.reason, fl.make_case = make, fl.gate = gate_command(o, o.backend, i);
       progress.say(fmt::format("ERROR {}: {}\n  make-case: {}\n  replay:    {}", fl.what, fl.reason, make, fl.gate));
-      jc.result = JunitCase::Result::error;
+      jc.result = sweep::JunitCase::Result::error;
       jc.message = out.reason;
       jc.text = fmt::format("make-case: {}\nreplay: {}\n", make, fl.gate);
-      sweep.cases.push_back(jc);
+      sweep_suite.cases.push_back(jc);
       error_list.push_back(fl);
       continue;
     }
@@ -266,21 +267,21 @@ int run_gate(GateOptions& o) {
     // two tokens, an EP shard with one expert, a scale ambiguity; BUDGETS.md §10.6) is not judged:
     // reported and counted, not failed. Golden cases and compare, shrink and repro still fail it.
     const bool only_vacuous =
-        out.status == CheckStatus::fail && !out.results.empty() &&
+        out.status == judge::CheckStatus::fail && !out.results.empty() &&
         std::all_of(out.results.begin(), out.results.end(),
                     [](const CompareResult& r) { return r.pass || (r.checks_failed == 0 && r.power.vacuous); });
     if (only_vacuous) {
       ++vacuous;
       progress.say(fmt::format("VACUOUS sweep case {} ({} T={}), not judged: {}", i, g.preset, g.tokens, out.reason));
-      jc.result = JunitCase::Result::skipped;
+      jc.result = sweep::JunitCase::Result::skipped;
       jc.message = "vacuous: " + out.reason;
-      sweep.cases.push_back(jc);
+      sweep_suite.cases.push_back(jc);
       continue;
     }
-    if (out.status == CheckStatus::pass) {
+    if (out.status == judge::CheckStatus::pass) {
       ++passed;
       if (o.verbose) progress.say(fmt::format("pass case {} ({:.2f} s): {}", i, secs, make));
-      sweep.cases.push_back(jc);
+      sweep_suite.cases.push_back(jc);
       std::error_code ec;
       fs::remove(path, ec);
       continue;
@@ -293,40 +294,40 @@ int run_gate(GateOptions& o) {
     fl.gate = gate_command(o, o.backend, i);
     if (bn.faulty()) {
       // Is it the fault's failure? The correct backend on the same case tells.
-      CheckOptions ctl = chk;
+      judge::CheckOptions ctl = chk;
       ctl.backend = bn.correct();
-      if (check_case(path, ctl).status != CheckStatus::pass) {
+      if (judge::check_case(path, ctl).status != judge::CheckStatus::pass) {
         fl.reason += " [emulated fails on this case too: not this fault's doing]";
         ++control_failed;
       }
     }
     progress.say(fmt::format("FAIL {}: {}\n  make-case: {}\n  replay:    {}", fl.what, fl.reason, fl.make_case, fl.gate));
     if (shrunk < o.shrink) {
-      ShrinkOptions so;
+      sweep::ShrinkOptions so;
       so.check = chk;
       so.origin = fmt::format("gate sweep case {} of seed {} ({})", i, o.seed, make);
       so.progress = [&](const std::string& s) { progress.update(i - first, o.time > 0 ? 0 : count, int64_t(failures.size()), s); };
       const std::string min = (fs::path(shrink_dir) / fmt::format("case-{}-min.h5", i)).string();
-      const ShrinkResult sr = shrink_case(path, min, so);
+      const sweep::ShrinkResult sr = sweep::shrink_case(path, min, so);
       ++shrunk;
       fl.shrunk = min, fl.replay = sr.replay, fl.summary = sr.summary();
       progress.say(fmt::format("  shrunk:    {} ({}, {} attempts)\n  replay:    {}", min, fl.summary, sr.attempts, fl.replay));
     }
-    jc.result = JunitCase::Result::failure;
+    jc.result = sweep::JunitCase::Result::failure;
     jc.message = fl.reason;
     jc.text = fmt::format("make-case: {}\nreplay: {}\n", fl.make_case, fl.gate);
     if (!fl.shrunk.empty()) jc.text += fmt::format("shrunk case: {} ({})\nreplay shrunk: {}\n", fl.shrunk, fl.summary, fl.replay);
-    sweep.cases.push_back(jc);
+    sweep_suite.cases.push_back(jc);
     failures.push_back(fl);
   }
   const int64_t sweep_failed = run - passed - errors - vacuous;
-  suites.push_back(sweep);
+  suites.push_back(sweep_suite);
 
   // ---- the golden corpus ----
   int64_t golden_judged = 0, golden_failed = 0, golden_invalid = 0;
   if (!o.no_golden && o.case_index < 0) {
     const std::string dir = o.golden.empty() ? default_golden_dir() : o.golden;
-    JunitSuite gs{"golden " + dir, {}};
+    sweep::JunitSuite gs{"golden " + dir, {}};
     if (!fs::is_directory(dir)) {
       if (!o.golden.empty()) throw InputError(dir, "--golden", "not a directory");
       progress.say(fmt::format("gate: golden corpus {} not found; skipped (give --golden DIR)", dir));
@@ -347,43 +348,44 @@ int run_gate(GateOptions& o) {
           Failure invalid;
           invalid.what = fmt::format("golden case {} is invalid", c), invalid.reason = e.what();
           error_list.push_back(invalid);
-          JunitCase jc;
+          sweep::JunitCase jc;
           jc.classname = "moecheck.gate.golden";
           jc.name = fs::path(c).filename().string();
-          jc.result = JunitCase::Result::error;
+          jc.result = sweep::JunitCase::Result::error;
           jc.message = e.what();
           gs.cases.push_back(jc);
           continue;
         }
-        std::vector<std::pair<std::string, CheckOptions>> jobs;
+        std::vector<std::pair<std::string, judge::CheckOptions>> jobs;
         for (const OutputInfo& oi : cp->reader().outputs()) {
-          CheckOptions k;
+          judge::CheckOptions k;
           k.output = oi.name;
           k.allow_vacuous = o.allow_vacuous;
           jobs.push_back({"/outputs/" + oi.name, k});
         }
         if (runs_on_corpus) {
-          CheckOptions k;
+          judge::CheckOptions k;
           k.backend = o.backend;
           k.allow_vacuous = o.allow_vacuous;
           jobs.push_back({"run " + o.backend, k});
         }
         for (const auto& [label, k] : jobs) {
           progress.update(++n, 0, int64_t(failures.size()), fs::path(c).filename().string() + " " + label);
-          const CheckOutcome out = check_problem(*cp, k);
+          const judge::CheckOutcome out = judge::check_problem(*cp, k);
           ++golden_judged;
-          JunitCase jc;
+          sweep::JunitCase jc;
           jc.classname = "moecheck.gate.golden";
           jc.name = fs::path(c).filename().string() + " " + label;
           jc.seconds = out.seconds;
-          if (out.status != CheckStatus::pass) {
+          if (out.status != judge::CheckStatus::pass) {
             ++golden_failed;
             Failure fl;
             fl.what = jc.name;
             fl.reason = out.reason;
             fl.replay = k.backend.empty() ? fmt::format("moecheck compare {} --output {}", c, k.output)
-                                          : replay_command(c, k.backend, 0);
-            jc.result = out.status == CheckStatus::fail ? JunitCase::Result::failure : JunitCase::Result::error;
+                                          : judge::replay_command(c, k.backend, 0);
+            jc.result = out.status == judge::CheckStatus::fail ? sweep::JunitCase::Result::failure
+                                                               : sweep::JunitCase::Result::error;
             jc.message = out.reason;
             jc.text = "replay: " + fl.replay + "\n";
             progress.say(fmt::format("FAIL golden {}: {}\n  replay:    {}", jc.name, fl.reason, fl.replay));
@@ -423,7 +425,7 @@ int run_gate(GateOptions& o) {
     for (const Failure& f : error_list)
       std::cout << fmt::format("  {}: {}\n    make-case: {}\n    replay:    {}\n", f.what, f.reason, f.make_case, f.gate);
   }
-  if (!o.junit.empty()) write_junit_file(o.junit, suites);
+  if (!o.junit.empty()) sweep::write_junit_file(o.junit, suites);
   const bool ok = failures.empty() && error_list.empty();
   if (own_dir && ok && !o.keep) {
     std::error_code ec;

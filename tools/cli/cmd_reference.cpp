@@ -34,10 +34,10 @@ void register_reference(CLI::App& app) {
     const std::string hash = cp.input_hash();
     for (Tier tier : {Tier::ideal, Tier::quantized}) {
       if (o->tier != "both" && o->tier != to_string(tier)) continue;
-      const ForwardResult r = compute_reference(cp, tier, tier == Tier::quantized ? &model : nullptr,
-                                                o->expert_outputs, !o->quiet);
-      store_reference(dest, tier, r, hash, tier == Tier::quantized ? o->model : "", o->expert_outputs,
-                      o->out.empty() ? "" : o->out);
+      const ForwardResult r = judge::compute_reference(cp, tier, tier == Tier::quantized ? &model : nullptr,
+                                                       o->expert_outputs, !o->quiet);
+      judge::store_reference(dest, tier, r, hash, tier == Tier::quantized ? o->model : "", o->expert_outputs,
+                             o->out.empty() ? "" : o->out);
       if (!o->out.empty()) dest = o->out;  // the second tier goes into the same copy
       if (!o->quiet)
         std::cerr << fmt::format("moecheck: /reference/{} written to {} ({} experts run, {:.1f} GFLOP)\n",

@@ -65,7 +65,7 @@ void register_repro(CLI::App& app) {
     const CaseProblem cp(o->path);
     const CaseReader& rd = cp.reader();
     const MoeConfig& c = cp.config();
-    CheckOptions chk;
+    judge::CheckOptions chk;
     chk.backend = o->backend;
     chk.budget_model = o->model;
     chk.allow_vacuous = o->allow_vacuous;
@@ -73,20 +73,7 @@ void register_repro(CLI::App& app) {
     if (o->backend.empty()) {
       const auto outs = rd.outputs();
       if (outs.empty()) throw InputError(rd.path(), "/outputs", "the case holds no recorded output; give --backend B");
-      if (o->output.empty()) {
-        // The first output that fails, else the first one.
-        o->output = outs.front().name;
-        for (const OutputInfo& oi : outs) {
-          CheckOptions k;
-          k.output = oi.name;
-          k.budget_model = o->model;
-          k.allow_vacuous = o->allow_vacuous;
-          if (check_problem(cp, k).failed()) {
-            o->output = oi.name;
-            break;
-          }
-        }
-      }
+      if (o->output.empty()) o->output = judge::first_failing_output(cp, chk);  // else the first output
       for (const OutputInfo& oi : outs)
         if (oi.name == o->output) attrs = oi.attributes;
       chk.output = o->output;
@@ -98,7 +85,7 @@ void register_repro(CLI::App& app) {
       thr = it != attrs.end() ? std::stoll(it->second) : 0;
     }
     chk.int32_threshold = thr;
-    const CheckOutcome out = check_problem(cp, chk);
+    const judge::CheckOutcome out = judge::check_problem(cp, chk);
     if (!o->backend.empty() && out.run) {
       attrs["backend"] = out.run->backend;
       attrs["device"] = out.run->device;
@@ -139,7 +126,7 @@ void register_repro(CLI::App& app) {
                         "checks failed\n",
                         report::verdict_word(r), report::num(r.max_ratio), r.worst_token, r.worst_col, r.elements_over,
                         r.elements, r.checks_failed, r.checks);
-      if (!r.pass) os << fmt::format("- reason: {}\n", failure_reason(r));
+      if (!r.pass) os << fmt::format("- reason: {}\n", judge::failure_reason(r));
       os << fmt::format("- power: {}\n", report::power_line(r));
       os << fmt::format("- routing: {} tokens differ from the reference ({} accepted near-ties){}\n",
                         r.mismatched_tokens, r.ambiguous_tokens,
@@ -169,9 +156,9 @@ void register_repro(CLI::App& app) {
       os << fmt::format("moecheck compare {} --output {}{}\n", rd.path(), o->output,
                         o->model.empty() ? "" : " --budget-model " + o->model);
     else
-      os << replay_command(rd.path(), backend, thr, o->model) << "\n";
+      os << judge::replay_command(rd.path(), backend, thr, o->model) << "\n";
     os << "```\n";
-    return out.status == CheckStatus::pass ? kExitOk : out.exit_code();
+    return out.status == judge::CheckStatus::pass ? kExitOk : out.exit_code();
   });
 }
 

@@ -32,19 +32,19 @@ void register_run(CLI::App& app) {
   sub->add_option("-o,--output", o->out, "record into a copy OUT instead of the case")->check(output_file());
   set_runner(sub, [o]() {
     // A backend name with a model (faulty:F@hopper) is not an output name as is, nor a command line.
-    const std::string name = o->name.empty() ? default_output_name(o->backend) : o->name;
+    const std::string name = o->name.empty() ? judge::default_output_name(o->backend) : o->name;
     if (!is_valid_output_name(name))  // before any work is done
       throw InputError("", "--name", "output names are 1-128 characters of [A-Za-z0-9_.:+-], got '" + name + "'");
     const CaseProblem cp(o->path);
     BackendOutput r;
     try {
-      r = run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
-    } catch (const ExecFailure& e) {  // the backend's failure, not bad input: exit 1, nothing recorded
-      print_error(fmt::format("backend {} failed on {}: {}", shell_quote(o->backend), o->path, e.what()));
+      r = judge::run_backend(cp, o->backend, o->expert_outputs, o->int32_threshold);
+    } catch (const judge::ExecFailure& e) {  // the backend's failure, not bad input: exit 1, nothing recorded
+      print_error(fmt::format("backend {} failed on {}: {}", judge::shell_quote(o->backend), o->path, e.what()));
       return kExitCheckFailed;
     }
-    OutputData d = to_output_data(r);
-    record_input_hashes(cp.input_hashes(), d);
+    OutputData d = judge::to_output_data(r);
+    judge::record_input_hashes(cp.input_hashes(), d);
     add_output_to_case(o->path, name, d, o->out);
     std::cerr << fmt::format("moecheck: /outputs/{} recorded in {} (backend {}, device {})\n", name,
                              o->out.empty() ? o->path : o->out, r.backend, r.device);

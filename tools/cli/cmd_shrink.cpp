@@ -44,7 +44,7 @@ void register_shrink(CLI::App& app) {
   add_exec_timeout_option(sub);
   set_runner(sub, [o]() {
     if (o->backend.empty() && o->output.empty()) throw InputError("", "--backend", "give --backend B or --output NAME");
-    ShrinkOptions so;
+    sweep::ShrinkOptions so;
     so.check.backend = o->backend;
     so.check.output = o->output;
     so.check.int32_threshold = o->int32_threshold;
@@ -55,8 +55,8 @@ void register_shrink(CLI::App& app) {
     so.control = o->control;
     so.no_control = o->no_control;
     if (!o->quiet) so.progress = [](const std::string& s) { std::cerr << "moecheck: " << s << "\n"; };
-    const ShrinkResult r = shrink_case(o->path, o->out, so);
-    if (r.initial.status == CheckStatus::input_error) throw InputError(o->path, "", r.initial.reason);
+    const sweep::ShrinkResult r = sweep::shrink_case(o->path, o->out, so);
+    if (r.initial.status == judge::CheckStatus::input_error) throw InputError(o->path, "", r.initial.reason);
     if (!r.initial.failed()) {
       std::cout << fmt::format("{} does not fail with {}: nothing to shrink\n", o->path,
                                o->backend.empty() ? "/outputs/" + o->output : o->backend);

@@ -55,7 +55,7 @@ CLI::Validator budget_model_validator() {
 
 void add_exec_timeout_option(CLI::App* sub) {
   sub->add_option_function<double>(
-         "--exec-timeout", [](const double& seconds) { set_exec_timeout_seconds(seconds); },
+         "--exec-timeout", [](const double& seconds) { judge::set_exec_timeout_seconds(seconds); },
          "exec:CMD backends: seconds the command may run before it is killed (default 600)")
       ->check(CLI::Range(1e-3, 1e7));
 }

@@ -13,7 +13,7 @@
 #include "kernels/gpu_backend.hpp"
 #endif
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 namespace {
 std::string utc_now() {
@@ -136,4 +136,4 @@ GpuAvailability gpu_availability() {
   return a;
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

@@ -16,7 +16,7 @@
 #include "golden/case_problem.hpp"
 #include "kernels/backend_output.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 // A backend name taken apart: base "emulated", "faulty:<fault>", "cuda" or "cublaslt", and
 // whether "@hopper" followed (the emulated ones only). InputError naming --backend otherwise.
@@ -55,4 +55,4 @@ struct GpuAvailability {
 };
 GpuAvailability gpu_availability();
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

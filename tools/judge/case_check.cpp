@@ -12,7 +12,7 @@
 #include "tools/judge/backend_run.hpp"
 #include "tools/judge/exec_backend.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 std::string_view to_string(CheckStatus s) {
   switch (s) {
@@ -28,6 +28,20 @@ ForwardResult judging_reference(const CaseProblem& cp, const BudgetModel& model)
   fo.tier = Tier::quantized;
   fo.budget = &model;
   return moe_forward(cp.problem(), fo);
+}
+
+ForwardResult ideal_judging_reference(const CaseProblem& cp, const BudgetModel& model) {
+  ForwardOptions fq;
+  fq.tier = Tier::quantized, fq.budget = &model, fq.ideal_bound = true;
+  ForwardOptions fi;
+  fi.tier = Tier::ideal;
+  ForwardResult q = moe_forward(cp.problem(), fq);
+  for (size_t i = 0; i < q.output.size(); ++i) {
+    q.budget[i] += q.ideal_bound[i];
+    q.noise_var[i] += q.ideal_bound[i] * q.ideal_bound[i] / 3;
+  }
+  q.output = moe_forward(cp.problem(), fi).output;
+  return q;
 }
 
 Observation observation_of(const BackendOutput& b) {
@@ -214,6 +228,16 @@ CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt) {
   }
 }
 
+std::string first_failing_output(const CaseProblem& cp, const CheckOptions& opt) {
+  const std::vector<OutputInfo> outs = cp.reader().outputs();
+  for (const OutputInfo& oi : outs) {
+    CheckOptions k = opt;
+    k.output = oi.name;
+    if (check_problem(cp, k).failed()) return oi.name;
+  }
+  return outs.empty() ? "" : outs.front().name;
+}
+
 CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt) {
   try {
     const CaseProblem cp(case_path);
@@ -223,4 +247,4 @@ CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt) {
   }
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

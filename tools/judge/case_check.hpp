@@ -22,7 +22,7 @@
 #include "kernels/backend_output.hpp"
 #include "reference/moe_compare.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 struct CheckOptions {
   std::string backend;         // run this backend on the case; empty: judge recorded outputs
@@ -53,9 +53,17 @@ struct CheckOutcome {
 CheckOutcome check_case(const std::string& case_path, const CheckOptions& opt);
 // The same on a case already loaded (and validated by CaseProblem).
 CheckOutcome check_problem(const CaseProblem& cp, const CheckOptions& opt);
+// The recorded output `repro` reports by default: the first of the case's outputs that
+// check_problem(cp, opt) fails (opt.backend empty; opt.output ignored), else the first output;
+// "" when the case holds none.
+std::string first_failing_output(const CaseProblem& cp, const CheckOptions& opt);
 
 // The quantized-tier reference with the budget of `model` (what compare judges against).
 ForwardResult judging_reference(const CaseProblem& cp, const BudgetModel& model);
+// The ideal-tier reference (`compare --tier ideal`, BUDGETS.md §8): the ideal output as the
+// reference, its budget the quantized budget of `model` plus the bound on |ideal - quantized|
+// (noise variance plus bound^2 / 3). Slot outputs are not judged in this tier.
+ForwardResult ideal_judging_reference(const CaseProblem& cp, const BudgetModel& model);
 // A backend run or a recorded output as compare_output takes it.
 Observation observation_of(const BackendOutput& b);
 Observation observation_of(const std::string& name, OutputData&& d);
@@ -74,4 +82,4 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens);
 std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
                            const std::string& budget_model = "");
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

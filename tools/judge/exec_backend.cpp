@@ -25,7 +25,7 @@
 
 extern char** environ;
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 namespace fs = std::filesystem;
 
@@ -355,4 +355,4 @@ BackendOutput run_exec_backend(const CaseProblem& cp, const std::string& backend
   }
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

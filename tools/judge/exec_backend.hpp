@@ -32,7 +32,7 @@
 #include "golden/case_problem.hpp"
 #include "kernels/backend_output.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 // The backend's failure (exit status, timeout, missing or malformed output): judged as a failure
 // of the thing checked, never as bad input. what(): several lines (command, status, output tail).
@@ -73,4 +73,4 @@ void set_exec_timeout_seconds(double seconds);
 // an engine's output, hopper).
 BackendOutput run_exec_backend(const CaseProblem& cp, const std::string& backend, bool expert_outputs);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

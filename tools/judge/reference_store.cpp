@@ -8,7 +8,7 @@
 
 #include "reference/errors.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
                                 bool progress, bool requant_terms) {
@@ -91,4 +91,4 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
   return compute_reference(cp, Tier::quantized, &model, true, progress);
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

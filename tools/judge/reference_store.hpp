@@ -10,7 +10,7 @@
 #include "reference/budget_model.hpp"
 #include "reference/moe_forward.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::judge {
 
 // The forward of one tier (budget only for the quantized tier), with a progress line on stderr.
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
@@ -27,4 +27,4 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
                                   bool progress, bool* reused, bool requant_terms = false);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::judge

@@ -13,7 +13,7 @@
 #include "tools/judge/backend_run.hpp"
 #include "tools/judge/exec_backend.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 namespace {
 
@@ -190,10 +190,10 @@ std::optional<CaseData> restrict_experts(const CaseData& d, int64_t lo, int64_t 
 }
 
 // A failure's kind: a judged failure and a backend that threw are different bugs.
-bool judged(const CheckOutcome& o) { return !o.results.empty(); }
+bool judged(const judge::CheckOutcome& o) { return !o.results.empty(); }
 // Elements over budget (or non-finite): the value evidence, which a shrink must not trade for a
 // bare routing mismatch (a shard where neither choice is local still differs in its ids).
-bool values_fail(const CheckOutcome& o) {
+bool values_fail(const judge::CheckOutcome& o) {
   for (const CompareResult& r : o.results)
     if (r.elements_over > 0) return true;
   return false;
@@ -211,20 +211,20 @@ std::string ShrinkResult::summary() const {
 
 ShrinkResult shrink_case(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt) {
   ShrinkResult res;
-  const CheckOptions& chk = opt.check;
-  res.initial = check_case(case_path, chk);
+  const judge::CheckOptions& chk = opt.check;
+  res.initial = judge::check_case(case_path, chk);
   if (!res.initial.failed()) return res;
   const bool backend_mode = !chk.backend.empty();
   CaseData cur = load(case_path, backend_mode ? "" : chk.output);
   const bool was_judged = judged(res.initial), had_values = values_fail(res.initial);
   // The control: the correct backend must pass on every candidate kept.
-  CheckOptions control;
+  judge::CheckOptions control;
   if (backend_mode && !opt.no_control) {
     control.backend = !opt.control.empty() ? opt.control : chk.backend.rfind("faulty:", 0) == 0 ? "emulated" : "";
     control.int32_threshold = chk.int32_threshold;
     control.budget_model = chk.budget_model;
     control.allow_vacuous = chk.allow_vacuous;
-    if (!control.backend.empty() && check_case(case_path, control).status != CheckStatus::pass) {
+    if (!control.backend.empty() && judge::check_case(case_path, control).status != judge::CheckStatus::pass) {
       res.control_failed_initially = true;
       control.backend.clear();
     }
@@ -240,15 +240,15 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   const fs::path dir = opt.work_dir.empty() ? fs::absolute(out_path).parent_path() : fs::path(opt.work_dir);
   const std::string tmp = (dir / fmt::format(".shrink-candidate.{}.h5", getpid())).string();
   const interrupt::ScratchPath scratch(tmp);
-  CheckOutcome last = res.initial;
+  judge::CheckOutcome last = res.initial;
   // Does the candidate still fail the same way? Written, checked, kept in `cur` when it does.
   auto attempt = [&](const CaseData& cand, const std::string& what) {
     if (res.attempts >= opt.max_attempts) return false;
     ++res.attempts;
     save(cand, tmp, 0);
-    CheckOutcome o = check_case(tmp, chk);
+    judge::CheckOutcome o = judge::check_case(tmp, chk);
     const bool control_ok = o.failed() && judged(o) == was_judged && (!had_values || values_fail(o)) &&
-                            (control.backend.empty() || check_case(tmp, control).status == CheckStatus::pass);
+                            (control.backend.empty() || judge::check_case(tmp, control).status == judge::CheckStatus::pass);
     std::error_code ec;
     fs::remove(tmp, ec);
     if (!control_ok) return false;
@@ -360,12 +360,13 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
   const std::string from = opt.origin.empty() ? case_path : opt.origin;
   const std::string model_opt = chk.budget_model.empty() ? "" : " --budget-model " + chk.budget_model;
-  res.replay = backend_mode ? replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model)
+  res.replay = backend_mode ? judge::replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model)
                             : fmt::format("moecheck compare {} --output {}{}", out_path, chk.output, model_opt);
   CaseData out = cur;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
-      "moecheck shrink {} {}{}{} -o {}", case_path, backend_mode ? "--backend " + shell_quote(chk.backend) : "--output " + chk.output,
+      "moecheck shrink {} {}{}{} -o {}", case_path,
+      backend_mode ? "--backend " + judge::shell_quote(chk.backend) : "--output " + chk.output,
       chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", model_opt, out_path);
   out.header.source = cur.header.source.empty() ? shrink_cmd : cur.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
@@ -373,15 +374,15 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
       MOECHECK_VERSION, from, res.summary(), backend_mode ? chk.backend : "/outputs/" + chk.output, last.reason,
       res.control.empty() ? "" : fmt::format("; {} passes on it", res.control), res.replay, cur.header.description);
   if (backend_mode && opt.record && last.run) {
-    OutputData rec = to_output_data(*last.run);
+    OutputData rec = judge::to_output_data(*last.run);
     rec.attributes["replay"] = res.replay;
     if (chk.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk.int32_threshold);
     if (!chk.budget_model.empty()) rec.attributes["budget_model"] = chk.budget_model;
-    save(out, out_path, 6, default_output_name(chk.backend), &rec);
+    save(out, out_path, 6, judge::default_output_name(chk.backend), &rec);
   } else {
     save(out, out_path, 6);
   }
   return res;
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep

@@ -28,10 +28,10 @@
 
 #include "tools/judge/case_check.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 struct ShrinkOptions {
-  CheckOptions check;        // the failure to keep: backend (or recorded output), int32 threshold
+  judge::CheckOptions check;  // the failure to keep: backend (or recorded output), int32 threshold
   // A backend that must pass on every kept candidate (default for faulty:<fault>: emulated), so
   // the minimal case shows the fault and not something the correct backend fails on too. Not
   // applied when it already fails on the input (ShrinkResult::control_failed_initially).
@@ -45,7 +45,7 @@ struct ShrinkOptions {
 };
 
 struct ShrinkResult {
-  CheckOutcome initial, final;
+  judge::CheckOutcome initial, final;
   int attempts = 0, accepted = 0;
   int64_t tokens[2] = {0, 0}, stored[2] = {0, 0}, local[2] = {0, 0}, hidden[2] = {0, 0}, inter[2] = {0, 0};
   int64_t zeroed_groups = 0;
@@ -59,4 +59,4 @@ struct ShrinkResult {
 // nothing and returns initial.status != fail. Throws InputError for an unreadable input.
 ShrinkResult shrink_case(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep

@@ -9,7 +9,7 @@
 #include "golden/model_presets.hpp"
 #include "reference/counter_rng.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 std::vector<std::string> default_sweep_presets(bool gpu) {
   std::vector<std::string> v = {"tiny-deepseek", "tiny-kimi", "tiny-qwen", "tiny-softmax", "tiny-sigmoid", "tiny-llama4"};
@@ -96,4 +96,4 @@ std::string apply_recipes(GeneratorOptions& g, const std::vector<std::string>& r
   return "";
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep

@@ -23,7 +23,7 @@
 
 #include "golden/case_generator.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 inline constexpr uint64_t kSweepStream = 0x6a7e;
 
@@ -44,4 +44,4 @@ std::string apply_recipes(GeneratorOptions& g, const std::vector<std::string>& r
 // "ep", "tokens=1", ...), for the gate's per-feature counts.
 std::vector<std::string> sweep_features(const GeneratorOptions& o);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep

@@ -5,7 +5,7 @@
 
 #include "tools/report/report.hpp"
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 std::string xml_escape(const std::string& s) {
   std::string o;
@@ -64,4 +64,4 @@ void write_junit_file(const std::string& path, const std::vector<JunitSuite>& su
   report::write_file_atomically(path, render_junit(suites, run), "--junit");
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace moecheck::cli {
+namespace moecheck::sweep {
 
 struct JunitCase {
   std::string name, classname;
@@ -32,4 +32,4 @@ void write_junit_file(const std::string& path, const std::vector<JunitSuite>& su
 // XML escaping of text and attribute values (& < > " ' and control characters).
 std::string xml_escape(const std::string& s);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck::sweep
