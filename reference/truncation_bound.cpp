@@ -3,6 +3,7 @@
 #include "reference/truncation_bound.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -11,6 +12,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOECHECK_TRUNC_AVX2 1
 #include <immintrin.h>
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define MOECHECK_TRUNC_AVX512 1
+#endif
 #endif
 
 namespace moecheck {
@@ -77,6 +81,11 @@ void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const floa
     }
   }
 }
+
+namespace {
+std::atomic<TruncationKernel> g_kernel{TruncationKernel::widest};
+}  // namespace
+void set_truncation_kernel(TruncationKernel k) { g_kernel.store(k, std::memory_order_relaxed); }
 
 bool uses_chunked_truncation(const AccumulatorModel& acc) { return acc.truncating && acc.kept_bits < 24; }
 
@@ -338,43 +347,168 @@ struct RowPtrs {
   bool known;  // every code of the block known: no unknown-term fallback to test
 };
 
-// E_b of one block (nch chunks of 32 from k0) for NR input rows against four weight rows, one
-// weight row per lane of a __m256d: the same bound as the portable loop, in the contract's
-// passes: the chunk maxima and sums (independent work; the weight loads serve all NR rows), the
-// count-free recurrence of G^, the counts at the thresholds 256 G^ (independent again), then the
-// recurrence of E. No count sits on a latency chain, and the recurrences are written with their
-// E-independent parts hoisted: with P_j = |S_{j-1}| + Delta_{j-1} + D_{j-1} (0 for j = 0) and
-// Q_j = |S_j| + Delta_j + D_j,
-//     T_j = max(N_j mh_j, N_j (P_j + E_{j-1})),   E_j = (1 + r1)(E_{j-1} + T_j) + r1 Q_j,
-// where N_j = g1 (counted products + [j > 0]) (for E^: every product counted). That is the
-// contract's G = g1 max(mh, reg), T = G N / g1, E += T + r1 (Q + E + T), reassociated (rounding
-// differences of a few double ulps, 10^-15 relative); the chain per step is fma, max, add, fma.
-// The NR rows' chains interleave.
-// With rows[r].in also the block's magnitude sum sum_k in_k |w_k| (abs_out[r]; every term >= 0,
-// so the float sum is within gamma_7 <= 2^-21 relative of the exact one, plus 2^-144 per chunk
-// for underflow: widened by (1 + 2^-20) and that).
+// The block kernel's per-chunk quantities, per input row r and chunk j of the block (four weight
+// rows per __m256d; thr and gvf per weight row as float).
 template <int NR>
-inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* rows, const float* const* dec,
-                   const float* const* mag, const float* const* maga, const BlockScale& bs, __m256d* out,
-                   __m256d* abs_out, __m256d* var_out) {
-  const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs), srel = _mm256_set1_pd(kSumRel);
-  const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
-  const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
-  // The sign and exponent bits: a normal double with its significand cleared is its power of two.
-  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
+struct BlockChunks {
   __m256d mh[NR][kMaxBlockChunks], P[NR][kMaxBlockChunks], Q[NR][kMaxBlockChunks], nlow[NR][kMaxBlockChunks];
   alignas(16) float thr[NR][kMaxBlockChunks][4];
   // Per-term losses (RowCodes): the chunks' largest alignment powers (code units), variance grids
   // (code units, float, and value units) and loss sums.
   __m256d mf[NR][kMaxBlockChunks], loss[NR][kMaxBlockChunks], U[NR][kMaxBlockChunks];
   alignas(16) float gvf[NR][kMaxBlockChunks][4];
-  bool exact[NR], any_exact = false;
-  for (int r = 0; r < NR; ++r) exact[r] = var_out && rows[r].code && rows[r].cs > 0, any_exact |= exact[r];
-  const __m256 fexp = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0xFF800000u)));
-  const bool with_abs = rows[0].in != nullptr;
-  const __m256 fabsmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256d absum[NR];
-  for (int r = 0; r < NR; ++r) absum[r] = zero;
+  bool exact[NR];
+};
+
+#ifdef MOECHECK_TRUNC_AVX512
+// GCC 12 spells _mm512_undefined_ps as a self-initialised variable, which -Wmaybe-uninitialized
+// reports in every intrinsic that uses it (broadcast, shuffle, extract): not a defect here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The AVX-512 form of steps 1 and 4 for two input rows whose codes are used: row 0 in the low
+// 256-bit half of each register, row 1 in the high half, the weights broadcast to both. Each half
+// performs exactly the AVX2 form's lane operations on the same operands in the same order (no
+// operation is contracted or reassociated; the horizontal reductions keep the AVX2 trees), so
+// the results are the AVX2 form's bit for bit (tests/truncation_bound_test.cpp checks it).
+inline __m512 pair_load(const float* r0, const float* r1) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(r0)), _mm256_loadu_ps(r1), 1);
+}
+inline __m512 pair_set(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
+inline __m512 both_halves(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+// hsum4 / hmax4 / hsum4i on both halves: per half its two 128-bit lanes combined, then two
+// pairwise steps ([x0 + x1, x2 + x3, y0 + y1, y2 + y3] per 128-bit lane, as _mm_hadd_ps). Row 0's
+// four results end in 128-bit lane 0, row 1's in lane 2.
+inline __m512 fold(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)); }
+inline __m512 evens(__m512 x, __m512 y) { return _mm512_shuffle_ps(x, y, 0x88); }
+inline __m512 odds(__m512 x, __m512 y) { return _mm512_shuffle_ps(x, y, 0xDD); }
+inline __m512 hsum4_pair(const __m512* v) {
+  __m512 a[4];
+  for (int q = 0; q < 4; ++q) a[q] = _mm512_add_ps(v[q], fold(v[q]));
+  const __m512 ab = _mm512_add_ps(evens(a[0], a[1]), odds(a[0], a[1]));
+  const __m512 cd = _mm512_add_ps(evens(a[2], a[3]), odds(a[2], a[3]));
+  return _mm512_add_ps(evens(ab, cd), odds(ab, cd));
+}
+inline __m512 hmax4_pair(const __m512* v) {
+  __m512 a[4];
+  for (int q = 0; q < 4; ++q) a[q] = _mm512_max_ps(v[q], fold(v[q]));
+  const __m512 ab = _mm512_max_ps(evens(a[0], a[1]), odds(a[0], a[1]));
+  const __m512 cd = _mm512_max_ps(evens(a[2], a[3]), odds(a[2], a[3]));
+  return _mm512_max_ps(evens(ab, cd), odds(ab, cd));
+}
+inline __m512i hsum4i_pair(const __m512i* v) {  // integer counts: any order is exact
+  __m512 a[4];
+  for (int q = 0; q < 4; ++q) {
+    const __m512 x = _mm512_castsi512_ps(v[q]);
+    a[q] = _mm512_castsi512_ps(_mm512_add_epi32(v[q], _mm512_castps_si512(fold(x))));
+  }
+  auto step = [](__m512 x, __m512 y) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(evens(x, y)), _mm512_castps_si512(odds(x, y))));
+  };
+  return _mm512_castps_si512(step(step(a[0], a[1]), step(a[2], a[3])));
+}
+inline __m128 half_of(__m512 x, int r) { return r ? _mm512_extractf32x4_ps(x, 2) : _mm512_castps512_ps128(x); }
+inline __m128i half_of(__m512i x, int r) {
+  return r ? _mm512_extracti32x4_epi32(x, 2) : _mm512_castsi512_si128(x);
+}
+
+// Step 1, two rows with codes (chunk_pass with exact rows).
+inline void chunk_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
+                            const float* const* maga, const BlockScale& bs, bool with_abs) {
+  const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs);
+  const __m512 fexp = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0xFF800000u)));
+  const __m512 fabsmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 zero = _mm512_setzero_ps();
+  for (int j = 0; j < nch; ++j) {
+    const int64_t k = k0 + 32 * j;
+    __m512 mx[4], dt[4], ab[4], fm[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ki = k + 8 * i;
+      const __m512 h = pair_load(rows[0].hf + ki, rows[1].hf + ki), x = pair_load(rows[0].af + ki, rows[1].af + ki);
+      const __m512 f = pair_load(rows[0].field + ki, rows[1].field + ki);
+      const __m512 y = with_abs ? pair_load(rows[0].in + ki, rows[1].in + ki) : zero;
+      for (int q = 0; q < 4; ++q) {
+        const __m512 u = both_halves(maga[q] + ki), v = both_halves(dec[q] + ki);
+        const __m512 fw = _mm512_maskz_and_ps(_mm512_cmp_ps_mask(u, u, _CMP_ORD_Q), u, fexp);
+        const __m512 hu = _mm512_mul_ps(h, u), ff = _mm512_mul_ps(f, fw), av = _mm512_and_ps(v, fabsmask);
+        if (i == 0) {
+          mx[q] = _mm512_max_ps(hu, zero), dt[q] = _mm512_mul_ps(x, v), fm[q] = _mm512_max_ps(ff, zero);
+          if (with_abs) ab[q] = _mm512_mul_ps(y, av);
+        } else {
+          mx[q] = _mm512_max_ps(hu, mx[q]), dt[q] = _mm512_fmadd_ps(x, v, dt[q]), fm[q] = _mm512_max_ps(ff, fm[q]);
+          if (with_abs) ab[q] = _mm512_fmadd_ps(y, av, ab[q]);
+        }
+      }
+    }
+    const __m512 mxs = hmax4_pair(mx), dts = hsum4_pair(dt), fms = hmax4_pair(fm);
+    const __m512 abs = with_abs ? hsum4_pair(ab) : zero;
+    for (int r = 0; r < 2; ++r) {
+      if (with_abs) st.absum[r] = _mm256_add_pd(st.absum[r], _mm256_cvtps_pd(half_of(abs, r)));
+      st.mf[r][j] = _mm256_cvtps_pd(half_of(fms, r));
+      st.mh[r][j] = _mm256_mul_pd(bs.abs_s, _mm256_fmadd_pd(_mm256_cvtps_pd(half_of(mxs, r)), mrel, mabs));
+      st.Q[r][j] = _mm256_mul_pd(bs.s, _mm256_cvtps_pd(half_of(dts, r)));
+    }
+  }
+}
+
+// Step 4, two rows with codes (count_pass with exact rows): a row whose block has unknown codes
+// takes the unknown-term form in its half.
+inline void count_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
+                            const float* const* mag) {
+  const __m512 fabsmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i one = _mm512_set1_epi32(1);
+  const __mmask16 unknown = __mmask16((rows[0].known ? 0 : 0x00FF) | (rows[1].known ? 0 : 0xFF00));
+  for (int j = 0; j < nch; ++j) {
+    const int64_t k = k0 + 32 * j;
+    __m512 t[4], g[4], gi[4], g3[4];
+    for (int q = 0; q < 4; ++q) {
+      const float a = st.gvf[0][j][q], b = st.gvf[1][j][q];
+      t[q] = pair_set(st.thr[0][j][q], st.thr[1][j][q]);
+      g[q] = pair_set(a, b), gi[q] = pair_set(a > 0 ? 1 / a : 0.0f, b > 0 ? 1 / b : 0.0f);
+      g3[q] = pair_set(a * a / 3, b * b / 3);
+    }
+    __m512i cnt[4];
+    __m512 ls[4];
+    for (int q = 0; q < 4; ++q) cnt[q] = _mm512_setzero_si512(), ls[q] = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ki = k + 8 * i;
+      const __m512 l = pair_load(rows[0].lf + ki, rows[1].lf + ki), cd = pair_load(rows[0].code + ki, rows[1].code + ki);
+      for (int q = 0; q < 4; ++q) {
+        const __m512 u = both_halves(mag[q] + ki), v = both_halves(dec[q] + ki);
+        const __mmask16 low = _mm512_cmp_ps_mask(_mm512_mul_ps(l, u), t[q], _CMP_LT_OQ);
+        cnt[q] = _mm512_mask_add_epi32(cnt[q], low, cnt[q], one);
+        const __m512 p = _mm512_mul_ps(cd, v);
+        const __m512 ap = _mm512_and_ps(p, fabsmask);
+        const __m512 lo = _mm512_fnmadd_ps(_mm512_floor_ps(_mm512_mul_ps(ap, gi[q])), g[q], ap);
+        const __m512 kn = _mm512_fmadd_ps(lo, lo, ls[q]);
+        if (!unknown) {
+          ls[q] = kn;
+        } else {
+          const __m512 term = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), _mm512_maskz_mov_ps(low, g3[q]),
+                                                   _mm512_mul_ps(lo, lo));
+          ls[q] = _mm512_mask_blend_ps(unknown, kn, _mm512_add_ps(ls[q], term));
+        }
+      }
+    }
+    const __m512i cs = hsum4i_pair(cnt);
+    const __m512 lss = hsum4_pair(ls);
+    for (int r = 0; r < 2; ++r) {
+      st.nlow[r][j] = _mm256_cvtepi32_pd(half_of(cs, r));
+      st.loss[r][j] = _mm256_cvtps_pd(half_of(lss, r));
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+// Step 1: the chunk maxima and sums (independent work; the weight loads serve all NR rows). The
+// sums go through P and Q; they are stashed in Q here.
+template <int NR>
+inline void chunk_pass(BlockChunks<NR>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
+                       const float* const* maga, const BlockScale& bs, bool any_exact, bool with_abs) {
+  const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs);
+  const __m256 fexp = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0xFF800000u)));
+  const __m256 fabsmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
     __m256 mx[NR][4], dt[NR][4], ab[NR][4], fm[NR][4];
@@ -393,7 +527,7 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
           d = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * i), v[i], d);
         }
         mx[r][q] = m, dt[r][q] = d;
-        if (exact[r]) {
+        if (st.exact[r]) {
           const float* f = rows[r].field + k;
           __m256 x = _mm256_setzero_ps();
           for (int i = 0; i < 4; ++i) x = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(f + 8 * i), fw[i]), x);  // NaN: keep x
@@ -408,46 +542,68 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       }
     }
     for (int r = 0; r < NR; ++r) {
-      if (with_abs) absum[r] = _mm256_add_pd(absum[r], _mm256_cvtps_pd(hsum4(ab[r][0], ab[r][1], ab[r][2], ab[r][3])));
-      if (exact[r]) mf[r][j] = _mm256_cvtps_pd(hmax4(fm[r][0], fm[r][1], fm[r][2], fm[r][3]));
-      mh[r][j] = _mm256_mul_pd(bs.abs_s, _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[r][0], mx[r][1], mx[r][2], mx[r][3])),
-                                                        mrel, mabs));
-      // The sums go through P and Q; stash them in Q for now.
-      Q[r][j] = _mm256_mul_pd(bs.s, _mm256_cvtps_pd(hsum4(dt[r][0], dt[r][1], dt[r][2], dt[r][3])));
+      if (with_abs) st.absum[r] = _mm256_add_pd(st.absum[r], _mm256_cvtps_pd(hsum4(ab[r][0], ab[r][1], ab[r][2], ab[r][3])));
+      if (st.exact[r]) st.mf[r][j] = _mm256_cvtps_pd(hmax4(fm[r][0], fm[r][1], fm[r][2], fm[r][3]));
+      st.mh[r][j] = _mm256_mul_pd(bs.abs_s, _mm256_fmadd_pd(_mm256_cvtps_pd(hmax4(mx[r][0], mx[r][1], mx[r][2], mx[r][3])),
+                                                           mrel, mabs));
+      st.Q[r][j] = _mm256_mul_pd(bs.s, _mm256_cvtps_pd(hsum4(dt[r][0], dt[r][1], dt[r][2], dt[r][3])));
     }
   }
-  // P and Q from the prefix sums of the chunk sums, Delta and D (no E involved).
+}
+
+// Step 2: P, Q and U from the prefix sums of the chunk sums, Delta and D (no E involved).
+template <int NR>
+inline void prefix_pass(BlockChunks<NR>& st, int nch, __m256d g1, const RowPtrs* rows, const BlockScale& bs) {
+  const __m256d zero = _mm256_setzero_pd(), srel = _mm256_set1_pd(kSumRel);
+  const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   for (int r = 0; r < NR; ++r) {
     __m256d S = zero, Dl = zero, prev = zero;
     for (int j = 0; j < nch; ++j) {
-      S = _mm256_add_pd(S, Q[r][j]);
-      Dl = _mm256_add_pd(Dl, _mm256_fmadd_pd(mh[r][j], srel, bs.sum_abs));
+      S = _mm256_add_pd(S, st.Q[r][j]);
+      Dl = _mm256_add_pd(Dl, _mm256_fmadd_pd(st.mh[r][j], srel, bs.sum_abs));
       const __m256d D = _mm256_mul_pd(_mm256_set1_pd(rows[r].dc[j]), bs.bmax);
-      P[r][j] = prev;
-      U[r][j] = _mm256_and_pd(_mm256_mul_pd(g1, _mm256_and_pd(S, absmask)), expmask);  // 2^(1-p) pow2_floor |S_j|
-      Q[r][j] = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), Dl), D);
-      prev = Q[r][j];
+      st.P[r][j] = prev;
+      st.U[r][j] = _mm256_and_pd(_mm256_mul_pd(g1, _mm256_and_pd(S, absmask)), expmask);  // 2^(1-p) pow2_floor |S_j|
+      st.Q[r][j] = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), Dl), D);
+      prev = st.Q[r][j];
     }
   }
-  // G^ and the thresholds: every product counted.
+}
+
+// Step 3: the count-free recurrence of G^ (every product counted), the thresholds 256 G^ and the
+// variance grids.
+template <int NR>
+inline void grid_pass(BlockChunks<NR>& st, int nch, __m256d g1, __m256d r1, const RowPtrs* rows, const BlockScale& bs) {
+  const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1), mabs = _mm256_set1_pd(kAbs);
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   __m256d E[NR];
   for (int r = 0; r < NR; ++r) E[r] = zero;
   for (int j = 0; j < nch; ++j) {
     const __m256d N = _mm256_mul_pd(g1, _mm256_set1_pd(j ? 33.0 : 32.0));
     for (int r = 0; r < NR; ++r) {
-      const __m256d reg = _mm256_add_pd(P[r][j], E[r]);  // 0 for j = 0
-      const __m256d Gh = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
-      _mm_store_ps(thr[r][j], _mm256_cvtpd_ps(_mm256_fmadd_pd(Gh, bs.thr_mul, mabs)));
-      if (exact[r]) {  // variance_grid, four lanes: pow2_floor as the sign and exponent bits
+      const __m256d reg = _mm256_add_pd(st.P[r][j], E[r]);  // 0 for j = 0
+      const __m256d Gh = _mm256_mul_pd(g1, _mm256_max_pd(st.mh[r][j], reg));
+      _mm_store_ps(st.thr[r][j], _mm256_cvtpd_ps(_mm256_fmadd_pd(Gh, bs.thr_mul, mabs)));
+      if (st.exact[r]) {  // variance_grid, four lanes: pow2_floor as the sign and exponent bits
         const __m256d csv = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(rows[r].cs));
         const __m256d regc = _mm256_div_pd(_mm256_mul_pd(reg, _mm256_set1_pd(1 + 0x1p-40)), csv);
-        const __m256d gv = _mm256_mul_pd(g1, _mm256_max_pd(mf[r][j], _mm256_and_pd(regc, expmask)));
-        _mm_store_ps(gvf[r][j], _mm256_cvtpd_ps(gv));
+        const __m256d gv = _mm256_mul_pd(g1, _mm256_max_pd(st.mf[r][j], _mm256_and_pd(regc, expmask)));
+        _mm_store_ps(st.gvf[r][j], _mm256_cvtpd_ps(gv));
       }
-      const __m256d Th = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));  // NaN in reg propagates
-      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], Th), _mm256_mul_pd(r1, Q[r][j]));
+      const __m256d Th = _mm256_max_pd(_mm256_mul_pd(N, st.mh[r][j]), _mm256_mul_pd(N, reg));  // NaN in reg propagates
+      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], Th), _mm256_mul_pd(r1, st.Q[r][j]));
     }
   }
+}
+
+// Step 4: the counts at the thresholds (independent again) and, for rows with codes, the per-term
+// losses (chunk_loss, eight terms at a time: a known code's (|p| mod gv)^2, an unknown one's
+// gv^2 / 3 where it may lose bits).
+template <int NR>
+inline void count_pass(BlockChunks<NR>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
+                       const float* const* mag, bool any_exact) {
+  const __m256 fabsmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int j = 0; j < nch; ++j) {
     const int64_t k = k0 + 32 * j;
     __m256i cnt[NR][4];
@@ -458,19 +614,17 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       if (any_exact)
         for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(dec[q] + k + 8 * i);
       for (int r = 0; r < NR; ++r) {
-        const __m256 t = _mm256_set1_ps(thr[r][j][q]);
+        const __m256 t = _mm256_set1_ps(st.thr[r][j][q]);
         const float* l = rows[r].lf + k;
         __m256i c = _mm256_setzero_si256();
-        if (!exact[r]) {
+        if (!st.exact[r]) {
           for (int i = 0; i < 4; ++i)
             c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(_mm256_loadu_ps(l + 8 * i), u[i]), t,
                                                                       _CMP_LT_OQ)));  // a true lane is -1
           cnt[r][q] = c;
           continue;
         }
-        // chunk_loss, eight terms at a time: a known code's (|p| mod gv)^2, an unknown one's
-        // gv^2 / 3 where it may lose bits.
-        const float gq = gvf[r][j][q];
+        const float gq = st.gvf[r][j][q];
         const __m256 g = _mm256_set1_ps(gq), gi = _mm256_set1_ps(gq > 0 ? 1 / gq : 0.0f), g3 = _mm256_set1_ps(gq * gq / 3);
         const float* cd = rows[r].code + k;
         __m256 acc = _mm256_setzero_ps();
@@ -497,43 +651,97 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
       }
     }
     for (int r = 0; r < NR; ++r) {
-      nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
-      if (exact[r]) loss[r][j] = _mm256_cvtps_pd(hsum4(ls[r][0], ls[r][1], ls[r][2], ls[r][3]));
+      st.nlow[r][j] = _mm256_cvtepi32_pd(hsum4i(cnt[r][0], cnt[r][1], cnt[r][2], cnt[r][3]));
+      if (st.exact[r]) st.loss[r][j] = _mm256_cvtps_pd(hsum4(ls[r][0], ls[r][1], ls[r][2], ls[r][3]));
     }
   }
-  __m256d V[NR];
+}
+
+// Step 5: the recurrence of E and the variance proxy.
+template <int NR>
+inline void error_pass(const BlockChunks<NR>& st, int nch, __m256d g1, __m256d r1, const RowPtrs* rows,
+                       const BlockScale& bs, __m256d* out, __m256d* var_out) {
+  const __m256d zero = _mm256_setzero_pd(), one_r1 = _mm256_add_pd(_mm256_set1_pd(1.0), r1);
+  const __m256d expmask = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0xFFF0000000000000ULL)));
   const __m256d third = _mm256_set1_pd(1.0 / 3);
+  __m256d E[NR], V[NR];
   for (int r = 0; r < NR; ++r) E[r] = zero, V[r] = zero;
   for (int j = 0; j < nch; ++j) {
     const __m256d lead = j ? _mm256_set1_pd(1.0) : zero;  // the register's own truncation
     for (int r = 0; r < NR; ++r) {
-      const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(nlow[r][j], lead));
-      const __m256d reg = _mm256_add_pd(P[r][j], E[r]);
-      const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, mh[r][j]), _mm256_mul_pd(N, reg));
-      if (exact[r]) {  // chunk_variance_codes
+      const __m256d N = _mm256_mul_pd(g1, _mm256_add_pd(st.nlow[r][j], lead));
+      const __m256d reg = _mm256_add_pd(st.P[r][j], E[r]);
+      const __m256d T = _mm256_max_pd(_mm256_mul_pd(N, st.mh[r][j]), _mm256_mul_pd(N, reg));
+      if (st.exact[r]) {  // chunk_variance_codes
         const __m256d csv = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(rows[r].cs));
-        const __m256d up = j ? U[r][j - 1] : zero, uc = U[r][j];
-        const __m256d gd = _mm256_max_pd(_mm256_mul_pd(_mm256_mul_pd(g1, mf[r][j]), csv), up);
+        const __m256d up = j ? st.U[r][j - 1] : zero, uc = st.U[r][j];
+        const __m256d gd = _mm256_max_pd(_mm256_mul_pd(_mm256_mul_pd(g1, st.mf[r][j]), csv), up);
         const __m256d gd2 = _mm256_mul_pd(gd, gd);
         const __m256d lead2 = _mm256_mul_pd(lead, _mm256_max_pd(_mm256_fnmadd_pd(up, up, gd2), zero));
         const __m256d cut2 = _mm256_max_pd(_mm256_fmsub_pd(uc, uc, gd2), zero);
         const __m256d cuts = _mm256_mul_pd(_mm256_add_pd(lead2, cut2), third);
-        V[r] = _mm256_add_pd(V[r], _mm256_fmadd_pd(_mm256_mul_pd(loss[r][j], csv), csv, cuts));
+        V[r] = _mm256_add_pd(V[r], _mm256_fmadd_pd(_mm256_mul_pd(st.loss[r][j], csv), csv, cuts));
       } else if (var_out) {  // chunk_variance(G, T, r1 Q): T / G is the count, G = g1 max(mh, reg)
-        const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(mh[r][j], reg));
-        const __m256d gp = _mm256_and_pd(G, expmask), rp = _mm256_and_pd(_mm256_mul_pd(r1, Q[r][j]), expmask);
-        const __m256d cnt = _mm256_add_pd(nlow[r][j], lead);
+        const __m256d G = _mm256_mul_pd(g1, _mm256_max_pd(st.mh[r][j], reg));
+        const __m256d gp = _mm256_and_pd(G, expmask), rp = _mm256_and_pd(_mm256_mul_pd(r1, st.Q[r][j]), expmask);
+        const __m256d cnt = _mm256_add_pd(st.nlow[r][j], lead);
         V[r] = _mm256_fmadd_pd(_mm256_fmadd_pd(_mm256_mul_pd(cnt, gp), gp, _mm256_mul_pd(rp, rp)), third, V[r]);
       }
-      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], T), _mm256_mul_pd(r1, Q[r][j]));
+      E[r] = _mm256_fmadd_pd(one_r1, _mm256_add_pd(E[r], T), _mm256_mul_pd(r1, st.Q[r][j]));
     }
   }
   for (int r = 0; r < NR; ++r) out[r] = E[r];
   if (var_out)
     for (int r = 0; r < NR; ++r) var_out[r] = V[r];
+}
+
+// E_b of one block (nch chunks of 32 from k0) for NR input rows against four weight rows, one
+// weight row per lane of a __m256d: the same bound as the portable loop, in the contract's
+// passes: the chunk maxima and sums (independent work), the count-free recurrence of G^, the
+// counts at the thresholds 256 G^ (independent again), then the recurrence of E. No count sits
+// on a latency chain, and the recurrences are written with their E-independent parts hoisted:
+// with P_j = |S_{j-1}| + Delta_{j-1} + D_{j-1} (0 for j = 0) and Q_j = |S_j| + Delta_j + D_j,
+//     T_j = max(N_j mh_j, N_j (P_j + E_{j-1})),   E_j = (1 + r1)(E_{j-1} + T_j) + r1 Q_j,
+// where N_j = g1 (counted products + [j > 0]) (for E^: every product counted). That is the
+// contract's G = g1 max(mh, reg), T = G N / g1, E += T + r1 (Q + E + T), reassociated (rounding
+// differences of a few double ulps, 10^-15 relative); the chain per step is fma, max, add, fma.
+// The NR rows' chains interleave.
+// With rows[r].in also the block's magnitude sum sum_k in_k |w_k| (abs_out[r]; every term >= 0,
+// so the float sum is within gamma_7 <= 2^-21 relative of the exact one, plus 2^-144 per chunk
+// for underflow: widened by (1 + 2^-20) and that).
+// Two rows whose codes are used (both exact) take the AVX-512 form of steps 1 and 4 where the
+// build has it and `wide` asks for it (chunk_pass_pair, count_pass_pair: the same lane
+// operations, bit for bit).
+template <int NR>
+inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* rows, const float* const* dec,
+                   const float* const* mag, const float* const* maga, const BlockScale& bs, __m256d* out,
+                   __m256d* abs_out, __m256d* var_out, bool wide) {
+  BlockChunks<NR> st;
+  bool any_exact = false;
+  for (int r = 0; r < NR; ++r) st.exact[r] = var_out && rows[r].code && rows[r].cs > 0, any_exact |= st.exact[r];
+  const bool with_abs = rows[0].in != nullptr;
+  for (int r = 0; r < NR; ++r) st.absum[r] = _mm256_setzero_pd();
+  bool pair = false;  // two rows with codes: the AVX-512 form of steps 1 and 4
+#ifdef MOECHECK_TRUNC_AVX512
+  if constexpr (NR == 2) pair = wide && st.exact[0] && st.exact[1];
+#endif
+  (void)wide;
+  if (!pair) chunk_pass(st, nch, k0, rows, dec, maga, bs, any_exact, with_abs);
+#ifdef MOECHECK_TRUNC_AVX512
+  if constexpr (NR == 2)
+    if (pair) chunk_pass_pair(st, nch, k0, rows, dec, maga, bs, with_abs);
+#endif
+  prefix_pass(st, nch, g1, rows, bs);
+  grid_pass(st, nch, g1, r1, rows, bs);
+  if (!pair) count_pass(st, nch, k0, rows, dec, mag, any_exact);
+#ifdef MOECHECK_TRUNC_AVX512
+  if constexpr (NR == 2)
+    if (pair) count_pass_pair(st, nch, k0, rows, dec, mag);
+#endif
+  error_pass(st, nch, g1, r1, rows, bs, out, var_out);
   if (with_abs) {
     const __m256d rel = _mm256_set1_pd(1 + 0x1p-20), uf = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(nch * 0x1p-144));
-    for (int r = 0; r < NR; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, absum[r]), rel, uf);
+    for (int r = 0; r < NR; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, st.absum[r]), rel, uf);
   }
 }
 }  // namespace
@@ -564,7 +772,9 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
     }
   int64_t o_done = 0;  // weight rows handled by the four-lane kernel
 #ifdef MOECHECK_TRUNC_AVX2
-  bool all32 = true;
+  const TruncationKernel kernel = g_kernel.load(std::memory_order_relaxed);
+  const bool wide = kernel == TruncationKernel::widest;
+  bool all32 = kernel != TruncationKernel::portable;
   for (int64_t c = 0; c < C; ++c) all32 &= L.start[c + 1] - L.start[c] == 32;
   for (int64_t b = 0; b < nb; ++b) all32 &= bfirst[b + 1] - bfirst[b] <= kMaxBlockChunks;
   if (all32) {
@@ -611,7 +821,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
           const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
           __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()}, v[2];
-          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr);
+          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr, wide);
           for (int i = 0; i < 2; ++i) {
             add4(&tot[size_t(4 * (r + i))], e[i]);
             if (in) add4(&tabs[size_t(4 * (r + i))], ab[i]);
@@ -621,7 +831,7 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
         if (r < n) {
           const RowPtrs rp[1] = {row(r, c0)};
           __m256d e[1], ab[1] = {_mm256_setzero_pd()}, v[1];
-          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr);
+          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr, wide);
           add4(&tot[size_t(4 * r)], e[0]);
           if (in) add4(&tabs[size_t(4 * r)], ab[0]);
           if (var) add4(&tvar[size_t(4 * r)], v[0]);

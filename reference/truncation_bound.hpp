@@ -136,6 +136,14 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
                                 int64_t lderr, const float* in = nullptr, double* abs_out = nullptr,
                                 const float* maga = nullptr, double* var = nullptr, const RowCodes* codes = nullptr);
 
+// The float path's kernels: the widest the build has (an AVX-512 form that holds two input rows
+// per register where both use their codes, else the AVX2 form), the AVX2 form (one input row per
+// register, four weight rows at once), or the portable loop. The AVX-512 and AVX2 forms give the
+// same results bit for bit; the portable loop orders its sums differently and agrees with them to
+// a few float roundings. Process-wide; for tests that compare the forms. The default is widest.
+enum class TruncationKernel { widest, avx2, portable };
+void set_truncation_kernel(TruncationKernel k);
+
 // ---- the noise model's per-term losses (BUDGETS.md §10.1) -----------------------------------
 // Inside a K block every term is a product of two e4m3 codes times the block's two scales, and
 // the device aligns and truncates the code products. Where the device's code is the reference's,

@@ -12,6 +12,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -485,6 +486,72 @@ TEST(TruncationBound, PerTermLossVarianceMatchesTheMeasuredInstruction) {
               << " (whole-step model: " << sum_d2 / sum_old << ")\n";
     EXPECT_LE(ratio, 1.0) << (wide ? "wide" : "narrow") << " codes: the device errs more than the model says";
     EXPECT_GE(ratio, 0.05) << (wide ? "wide" : "narrow") << " codes: the model is not tight";
+  }
+}
+
+// The float path's kernels (TruncationKernel) give the same err, var and magnitude sums bit for
+// bit where the build has them: the AVX-512 form (two input rows per register) against the AVX2
+// form, on rows whose codes are all known, rows with unknown codes (deviations of 1/32 of the
+// value or more) and pairs of one of each, with odd row counts (the last row alone), blocks of up
+// to 8 chunks and a K that ends mid-block (the portable loop's columns).
+TEST(TruncationBound, KernelFormsAgreeBitForBit) {
+  const int64_t B = 128, nr = 9;
+  const AccumulatorModel acc = AccumulatorModel::hopper_tensor_core();
+  const float* table = fp8_table(Fp8Format::e4m3fn);
+  for (const int64_t K : {int64_t(512), int64_t(7 * 128), int64_t(300)}) {
+    const ChunkLayout L(K, B, 32);
+    const int64_t nb = (K + B - 1) / B;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const int64_t n = 1 + int64_t(seed);
+      const CounterRng r{seed, 47};
+      std::vector<uint8_t> ac(n * K);
+      for (int64_t i = 0; i < n * K; ++i) ac[i] = r.uniform(4 * i) < 0.05 ? 0 : e4m3_encode_satfinite(float(random_e4m3(r, 4 * i + 1, true)));
+      std::vector<float> sa(n * nb), sw(nb);
+      for (int64_t i = 0; i < n * nb; ++i) sa[i] = static_cast<float>((1 + r.uniform(7000003 + i)) * 0x1p-8);
+      for (int64_t b = 0; b < nb; ++b) sw[b] = static_cast<float>((1 + r.uniform(7100003 + b)) * 0x1p-9);
+      std::vector<double> a(n * K), da(n * K), hi(n * K), lo(n * K), dcum(n * L.chunks()), floor(n * K), bscale(n * nb);
+      std::vector<uint8_t> known(n * nb);
+      std::vector<float> af(n * K), hf(n * K), lf(n * K), in(n * K), rcode(n * K), rfield(n * K);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t k = 0; k < K; ++k) {
+          a[i * K + k] = double(table[ac[i * K + k]]) * double(sa[i * nb + k / B]);
+          floor[i * K + k] = 0x1p-6 * double(sa[i * nb + k / B]);
+          // Rows 1 and 3: some blocks with deviations that make codes unknown.
+          const bool dev = (i % 2 == 1) && (k / B + i) % 3 == 0 && r.uniform(9000003 + i * K + k) < 0.3;
+          da[i * K + k] = dev ? 0.1 * std::fabs(a[i * K + k]) + 0x1p-12 : 0.0;
+        }
+        truncation_row_inputs(L, &a[i * K], &da[i * K], &hi[i * K], &lo[i * K], &dcum[i * L.chunks()], &floor[i * K]);
+        ASSERT_TRUE(truncation_row_inputs_f32(K, &a[i * K], &hi[i * K], &lo[i * K], &af[i * K], &hf[i * K], &lf[i * K]));
+        truncation_row_codes(L, &ac[i * K], &sa[i * nb], &da[i * K], &hi[i * K], &rcode[i * K], &rfield[i * K],
+                             &bscale[i * nb], &known[i * nb]);
+        for (int64_t k = 0; k < K; ++k) in[i * K + k] = f32_up(0x1p-23 * std::fabs(a[i * K + k]) + da[i * K + k]);
+      }
+      std::vector<float> dec(nr * K), mag(nr * K), maga(nr * K);
+      for (int64_t i = 0; i < nr * K; ++i) {
+        dec[i] = table[e4m3_encode_satfinite(float(random_e4m3(r, 5000003 + 2 * i, true)))];
+        if (r.uniform(6000003 + i) < 0.05) dec[i] = 0;
+        mag[i] = dec[i] != 0 ? std::fabs(dec[i]) : NAN;
+        maga[i] = dec[i] != 0 ? std::max(std::fabs(dec[i]), 0x1p-6f) : NAN;
+      }
+      const RowCodes rc{rcode.data(), rfield.data(), bscale.data(), nb, known.data()};
+      for (const bool codes : {true, false}) {
+        std::vector<double> out[2][3];
+        for (int form = 0; form < 2; ++form) {
+          set_truncation_kernel(form == 0 ? TruncationKernel::widest : TruncationKernel::avx2);
+          for (auto& v : out[form]) v.assign(size_t(n * nr), -1.0);
+          ASSERT_TRUE(truncation_bound_panel_f32(L, acc, af.data(), hf.data(), lf.data(), K, dcum.data(), n, dec.data(),
+                                                 mag.data(), K, sw.data(), nr, out[form][0].data(), nr, in.data(),
+                                                 out[form][1].data(), maga.data(), out[form][2].data(),
+                                                 codes ? &rc : nullptr));
+        }
+        set_truncation_kernel(TruncationKernel::widest);
+        for (int x = 0; x < 3; ++x)
+          for (int64_t i = 0; i < n * nr; ++i)
+            ASSERT_EQ(std::bit_cast<uint64_t>(out[0][x][i]), std::bit_cast<uint64_t>(out[1][x][i]))
+                << "K " << K << " seed " << seed << " output " << x << " entry " << i << ": " << out[0][x][i] << " vs "
+                << out[1][x][i];
+      }
+    }
   }
 }
 
