@@ -83,13 +83,17 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
 // D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
 // the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
 // e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
-// skipped (their D rows are not written).
+// skipped (their D rows are not written). With row_offset and expert_count (the permutation
+// plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
+// 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
 struct GroupedGemmArgs {
   const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
   const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
   const uint8_t* b = nullptr;        // [E_local, N, K] e4m3 (row n of expert e = output column n)
   const float* b_scale = nullptr;    // [E_local, N/128, K/128]
   const int32_t* tile_expert = nullptr;  // [max_tiles]
+  const int32_t* row_offset = nullptr;   // optional [E_local + 1], with expert_count [E_local]
+  const int32_t* expert_count = nullptr;
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   Precision out_precision = Precision::f32;
   float* d = nullptr;                // [max_tiles * kGemmTileM, N]

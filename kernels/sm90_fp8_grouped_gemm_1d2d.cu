@@ -1,50 +1,67 @@
 // Grouped FP8 x FP8 GEMM with DeepSeek block scales ("1d2d": 1x128 activation scales x 128x128
-// weight scales), the GEMM1 and GEMM2 of the MoE (docs/DEVICE-ALGORITHM.md §3, §5).
+// weight scales), the GEMM1 and GEMM2 of the MoE (docs/DEVICE-ALGORITHM.md §3, §5), on Hopper's
+// FP8 tensor cores (wgmma.mma_async e4m3 x e4m3 -> f32, sm_90a).
 //
 //   D[r, n] = round_out( sum_b fl32(sa[r, b] * sb[e, n/128, b]) * p_b[r, n] ),  e = expert of r's tile
-//   p_b     = tensor-core sum of the 128 products qa * qw of K block b, restarted from zero
+//   p_b     = tensor-core sum of the 128 products qa * qw of K block b: 4 chained k32 wgmma
+//             instructions, the first one from zero (the measured accumulation of
+//             reference/tensor_core_model.hpp, TensorCoreModel::hopper_wgmma)
 //
-// Tiling: one CTA computes a 64 x 128 tile of D (kGemmTileM x kGemmTileN): all 64 rows belong
-// to one local expert (the permutation pads every expert to 64 rows) and the 128 columns to one
-// weight-scale block, so each K block has one sb per CTA and one sa per row. 8 warps in a 2 x 4
-// grid, 32 x 32 outputs per warp = 2 x 4 mma.sync.m16n8k32 e4m3 tiles.
+// Promotion (DeepSeek-V3 report, arXiv 2412.19437 §3.3.2) after each block, on the CUDA cores:
+//   acc = __fmaf_rn(__fmul_rn(sa, sb), p_b, acc)
+// with the _rn intrinsics so the compiler can neither contract nor reorder them; blocks ascend.
 //
-// Two-level accumulation (DeepSeek-V3 report, arXiv 2412.19437 §3.3.2): `part` is the
-// tensor-core accumulator of one 128-K block (4 chained MMAs of K = 32, the first one from
-// zero); after each block it is promoted on the CUDA cores into `acc` with one FMUL for the
-// scale product and one FFMA:
-//   acc = __fmaf_rn(__fmul_rn(sa, sb), part, acc)
-// written with the _rn intrinsics so the compiler can neither contract nor reorder them.
+// Tiling ("swap AB", the weights are the instruction's M side): one CTA of two warpgroups
+// computes the 128 output columns n of one weight-scale block (64 per warpgroup: wgmma's M) for
+// the rows of one M tile of kGemmTileM = 64 permuted rows (wgmma's N). A tile whose expert has
+// fewer rows there runs the instruction with N = 8, 16 or 32 (the smallest that covers them) and
+// writes zeros to the rows it skipped; so a decode step with one token per expert does 1/8 of the
+// tensor work of a full tile, and the weights, read once, set the time.
+//
+// Pipeline: kStages shared-memory stages filled by cp.async (16-byte copies, whole 128-byte rows
+// per 8 threads), kStages - 1 K blocks in flight ahead of the tensor cores; two CTAs per SM,
+// so one CTA's promotion overlaps the other's wgmma. The epilogue stages the tile through shared
+// memory so that D rows are written with coalesced 16-byte stores.
 //
 // NOTES:
-//  - Shared-memory rows are padded from 128 to 144 bytes: the fragment loads (row g, byte 4t)
-//    then hit 32 distinct banks (word 36g + t mod 32 = 4g + t).
-//  - Fragment layouts of m16n8k32 with 8-bit A/B (PTX ISA, "Matrix Fragments for mma.m16n8k32"):
-//    lane = 4g + t; A regs: {row g, k 4t..4t+3}, {row g+8, same k}, {row g, k 16+4t..}, {row g+8,
-//    k 16+4t..}; B regs (col-major = W[n][k] rows): {n g, k 4t..4t+3}, {n g, k 16+4t..};
-//    C/D: {row g, n 2t, 2t+1}, {row g+8, n 2t, 2t+1}. Bytes of a register are consecutive k.
-//  - Padding rows hold zero codes and a finite scale: their outputs are exact zeros, and rows
-//    never mix (each output element reads one A row), so nothing can leak between rows.
-#include <cuda_bf16.h>
+//  - Grid: one CTA per (M tile, N tile), in expert order; inside an expert's range the M tiles
+//    run fastest when the plan is given (cta_tile), so the CTAs running together read the same
+//    128-row weight panel at about the same time and DRAM sees each expert's weights about once,
+//    while its few activation tiles stay in L2. Without the plan, N tiles run fastest.
+//  - Padding rows (zero codes, scale 1) compute exact zeros; rows never mix (each output element
+//    reads one activation row), so nothing can leak between rows or experts.
+//  - Shared-memory layout and fragments: sm90_wgmma.cuh.
 #include <cuda_runtime.h>
+
+#include <cuda_bf16.h>
 
 #include <string>
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_stages.hpp"
+#include "kernels/sm90_wgmma.cuh"
 
 namespace moecheck::kernels {
 
 namespace {
 
-constexpr int kTileM = static_cast<int>(kGemmTileM);
-constexpr int kTileN = static_cast<int>(kGemmTileN);
-constexpr int kTileK = static_cast<int>(kScaleBlock);
-constexpr int kRowBytes = kTileK + 16;  // padded shared-memory row (see NOTES)
-constexpr int kThreads = 256;
-static_assert(kTileN == 128 && kTileK == 128, "one weight-scale block per CTA column tile and K block");
-static_assert(kTileM == 64, "the 2 x 4 warp grid below covers 64 rows");
+using namespace sm90;
+
+constexpr int kTileRows = static_cast<int>(kGemmTileM);  // activation rows per tile (wgmma N, at most)
+constexpr int kTileCols = static_cast<int>(kGemmTileN);  // output columns per tile (2 x wgmma M)
+constexpr int kBlockK = static_cast<int>(kScaleBlock);
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kStages = 4;
+constexpr int kWeightBytes = kTileCols * kBlockK;  // 16 KiB
+constexpr int kActBytes = kTileRows * kBlockK;     // 8 KiB
+constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
+constexpr int kEpiStride = kTileCols + 4;  // floats per staged output row: conflict-free fragment stores
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the first atom to 1024
+static_assert(kTileCols == 128 && kBlockK == 128, "one weight-scale block per CTA column tile and K block");
+static_assert(kTileRows == 64, "wgmma N of at most 64 rows per tile");
+static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
+static_assert(kTileRows * kEpiStride * 4 <= kStages * kStageBytes, "the epilogue reuses the pipeline's shared memory");
 
 struct GemmParams {
   const uint8_t* a;
@@ -52,155 +69,180 @@ struct GemmParams {
   const uint8_t* b;
   const float* b_scale;
   const int32_t* tile_expert;
+  const int32_t* row_offset;    // optional, with expert_count: rows of each tile
+  const int32_t* expert_count;
   int64_t n, k;
   float* d;
   bool bf16_out;
 };
 
-// D (16x8 f32) += A (16x32 e4m3, row) * B (32x8 e4m3, col), accumulator as the tensor core keeps it.
-__device__ __forceinline__ void mma_e4m3_16x8x32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();  // FP8 MMA needs sm_89+; the library is built for sm_90a only
-#endif
+// Rows of tile `tile` (of expert e) that hold routed slots; the rest are padding.
+__device__ __forceinline__ int tile_rows(const GemmParams& p, int64_t tile, int32_t e) {
+  if (p.row_offset == nullptr || p.expert_count == nullptr) return kTileRows;
+  const int64_t first = tile * kTileRows - p.row_offset[e];
+  const int64_t rows = static_cast<int64_t>(p.expert_count[e]) - first;
+  return rows <= 0 ? 0 : (rows >= kTileRows ? kTileRows : static_cast<int>(rows));
 }
 
-__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// The (M tile, N tile) of CTA `cta`. The CTAs of expert e occupy [R_e n_tiles, (R_e + m_e) n_tiles),
+// R_e = row_offset[e] / 64 its first tile and m_e its tile count, so the expert of a CTA is
+// tile_expert[cta / n_tiles] in either order.
+struct CtaTile {
+  int64_t tile, n_tile;
+  int32_t expert;
+};
+__device__ __forceinline__ CtaTile cta_tile(const GemmParams& p, int64_t cta, int64_t n_tiles) {
+  const int64_t t0 = cta / n_tiles;
+  const int32_t e = p.tile_expert[t0];
+  if (e < 0 || p.row_offset == nullptr) return {t0, cta % n_tiles, e};
+  const int64_t first = p.row_offset[e] / kTileRows, tiles = (p.row_offset[e + 1] - p.row_offset[e]) / kTileRows;
+  const int64_t local = cta - first * n_tiles;
+  return {first + local % tiles, local / tiles, e};
+}
 
-__global__ void __launch_bounds__(kThreads) sm90_fp8_grouped_gemm_1d2d_kernel(GemmParams p) {
-  // Block scheduler: x = M tile (one expert), y = N tile (one weight-scale block).
-  const int32_t expert = p.tile_expert[blockIdx.x];
-  if (expert < 0) return;  // past the last tile of this routing
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileM;
-  const int64_t n_tile = blockIdx.y;
-  const int64_t k_blocks = p.k / kTileK;
+// One K block into stage `st`: the 128 x 128 weight panel, kRows activation rows and their scales.
+template <int kRows>
+__device__ __forceinline__ void load_stage(uint8_t* st, const uint8_t* g_w, const uint8_t* g_a, const float* g_sa,
+                                           int64_t k, int64_t k_blocks, int64_t kb, int tid) {
+  const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + kActBytes;
+  // Chunk i: row i / 8, 16-byte column i % 8: a warp copies 4 whole 128-byte rows, and the
+  // swizzle spreads each row's 8 chunks over distinct banks.
+#pragma unroll
+  for (int j = 0; j < kWeightBytes / 16 / kThreads; ++j) {
+    const int i = tid + j * kThreads, row = i >> 3, c16 = i & 7;
+    cp_async_16_l2_256(s_w + swizzle_offset(row, c16), g_w + row * k + kb * kBlockK + c16 * 16);
+  }
+  for (int i = tid; i < kRows * 8; i += kThreads) {
+    const int row = i >> 3, c16 = i & 7;
+    cp_async_16(s_a + swizzle_offset(row, c16), g_a + row * k + kb * kBlockK + c16 * 16);
+  }
+  if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
+}
 
-  // Shared memory
-  __shared__ __align__(16) uint8_t s_a[kTileM * kRowBytes];
-  __shared__ __align__(16) uint8_t s_b[kTileN * kRowBytes];
-  __shared__ float s_sa[kTileM];
-
-  const uint8_t* g_a = p.a + row0 * p.k;
-  const uint8_t* g_b = p.b + (static_cast<int64_t>(expert) * p.n + n_tile * kTileN) * p.k;
-  const float* g_sa = p.a_scale + row0 * k_blocks;
-  const float* g_sb = p.b_scale + (static_cast<int64_t>(expert) * (p.n / kTileN) + n_tile) * k_blocks;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 32 x 32 outputs each
+template <int kRows>
+__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert) {
+  constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
+  const int64_t k_blocks = p.k / kBlockK;
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
   const int g = lane >> 2, t = lane & 3;
 
-  float acc[2][4][4];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+  const uint8_t* g_a = p.a + row0 * p.k;
+  const float* g_sa = p.a_scale + row0 * k_blocks;
+  const uint8_t* g_w = p.b + (static_cast<int64_t>(expert) * p.n + n_tile * kTileCols) * p.k;
+  const float* g_sb = p.b_scale + (static_cast<int64_t>(expert) * (p.n / kTileCols) + n_tile) * k_blocks;
 
-  for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    // Load the K block: A 64 x 128 and B 128 x 128 bytes, 16 bytes per thread and step.
-    for (int i = tid; i < kTileM * (kTileK / 16); i += kThreads) {
-      const int r = i >> 3, c16 = i & 7;
-      *reinterpret_cast<uint4*>(s_a + r * kRowBytes + c16 * 16) =
-          *reinterpret_cast<const uint4*>(g_a + r * p.k + kb * kTileK + c16 * 16);
-    }
-    for (int i = tid; i < kTileN * (kTileK / 16); i += kThreads) {
-      const int r = i >> 3, c16 = i & 7;
-      *reinterpret_cast<uint4*>(s_b + r * kRowBytes + c16 * 16) =
-          *reinterpret_cast<const uint4*>(g_b + r * p.k + kb * kTileK + c16 * 16);
-    }
-    if (tid < kTileM) s_sa[tid] = g_sa[tid * k_blocks + kb];
-    const float sb = g_sb[kb];
-    __syncthreads();
+  float acc[kFrag], part[kFrag];  // part: one block's tensor-core sum
+#pragma unroll
+  for (int i = 0; i < kFrag; ++i) acc[i] = part[i] = 0.0f;
 
-    // Tensor-core sum of this block, from zero.
-    float part[2][4][4];
+  // Prologue: the first kStages - 1 blocks in flight (one commit group per block, empty past the end).
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) part[mi][ni][c] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < kTileK / 32; ++ks) {
-      uint32_t af[2][4], bfr[4][2];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const uint8_t* base = s_a + (wm * 32 + mi * 16 + g) * kRowBytes + ks * 32 + t * 4;
-        af[mi][0] = lds32(base);
-        af[mi][1] = lds32(base + 8 * kRowBytes);
-        af[mi][2] = lds32(base + 16);
-        af[mi][3] = lds32(base + 8 * kRowBytes + 16);
-      }
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const uint8_t* base = s_b + (wn * 32 + ni * 8 + g) * kRowBytes + ks * 32 + t * 4;
-        bfr[ni][0] = lds32(base);
-        bfr[ni][1] = lds32(base + 16);
-      }
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_e4m3_16x8x32(part[mi][ni], af[mi], bfr[ni]);
-    }
-
-    // Promote with scales
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float s = __fmul_rn(s_sa[wm * 32 + mi * 16 + g + 8 * h], sb);
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            acc[mi][ni][2 * h + c] = __fmaf_rn(s, part[mi][ni][2 * h + c], acc[mi][ni][2 * h + c]);
-      }
-    __syncthreads();  // the next block overwrites s_a, s_b, s_sa
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_blocks) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
+    cp_async_commit();
   }
 
-  // Epilogue: round to the output precision, two consecutive columns per 8-byte store.
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    uint8_t* st = smem + (kb % kStages) * kStageBytes;
+    const float sb = __ldg(g_sb + kb);
+    cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
+    fence_async_shared();
+    __syncthreads();  // everyone's have, and block kb - 1's stage is free (its wgmma completed)
+
+    const int64_t next = kb + kStages - 1;
+    if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
+    cp_async_commit();
+
+    // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
+    const uint32_t s_w = smem_addr(st) + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = smem_addr(st) + kWeightBytes;
+    wgmma_fence();
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+    for (int s = 0; s < kBlockK / 32; ++s)
+      wgmma_e4m3<kRows>(part, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait_all();
+
+    // Promote: column c of the fragment is activation row c, scaled by its own sa.
+    const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + kActBytes);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = row0 + wm * 32 + mi * 16 + g + 8 * h;
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int64_t col = n_tile * kTileN + wn * 32 + ni * 8 + t * 2;
-        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        if (p.bf16_out) {
-          v0 = __bfloat162float(__float2bfloat16_rn(v0));
-          v1 = __bfloat162float(__float2bfloat16_rn(v1));
-        }
-        *reinterpret_cast<float2*>(p.d + r * p.n + col) = make_float2(v0, v1);
-      }
+    for (int j = 0; j < kRows / 8; ++j) {
+      const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
+      acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+      acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
+      acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
+      acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
     }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every stage consumed: the epilogue reuses shared memory
+
+  // Epilogue: the fragment into a [rows][128] float tile, rounded to the output precision.
+  float* tile = reinterpret_cast<float*>(smem);
+  const int col_base = wg * (kTileCols / 2) + 16 * warp + g;
+#pragma unroll
+  for (int j = 0; j < kRows / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = 8 * j + 2 * t + (q & 1), col = col_base + 8 * (q >> 1);
+      float v = acc[4 * j + q];
+      if (p.bf16_out) v = __bfloat162float(__float2bfloat16_rn(v));
+      tile[row * kEpiStride + col] = v;
+    }
+  __syncthreads();
+  float* g_d = p.d + row0 * p.n + n_tile * kTileCols;
+  for (int i = tid; i < kTileRows * (kTileCols / 4); i += kThreads) {
+    const int row = i / (kTileCols / 4), c4 = i % (kTileCols / 4);
+    const float4 v = row < kRows ? *reinterpret_cast<const float4*>(tile + row * kEpiStride + 4 * c4)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows this width skipped: padding
+    *reinterpret_cast<float4*>(g_d + row * p.n + 4 * c4) = v;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel(GemmParams p, int64_t n_tiles) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const CtaTile c = cta_tile(p, blockIdx.x, n_tiles);
+  if (c.expert < 0) return;  // past the last tile of this routing
+  const int32_t expert = c.expert;
+  const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
+  const int rows = tile_rows(p, c.tile, expert);
+  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert);
+  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert);
+  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert);
+  else gemm_tile<64>(p, smem, row0, n_tile, expert);
+#else
+  (void)p, (void)n_tiles;
+  __trap();  // wgmma needs sm_90a; the library is built for it only
+#endif
 }
 
 }  // namespace
 
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream) {
   const char* who = "sm90_fp8_grouped_gemm";
-  require(g.n > 0 && g.n % kTileN == 0, who, "N must be a positive multiple of 128, got " + std::to_string(g.n));
-  require(g.k > 0 && g.k % kTileK == 0, who, "K must be a positive multiple of 128, got " + std::to_string(g.k));
+  require(g.n > 0 && g.n % kTileCols == 0, who, "N must be a positive multiple of 128, got " + std::to_string(g.n));
+  require(g.k > 0 && g.k % kBlockK == 0, who, "K must be a positive multiple of 128, got " + std::to_string(g.k));
   require(g.experts >= 1, who, "need at least one expert");
-  require(g.n / kTileN <= 65535, who, "N / 128 must be <= 65535 (grid y)");
   require(g.max_tiles >= 1, who, "need max_tiles >= 1");
+  require((g.row_offset == nullptr) == (g.expert_count == nullptr), who,
+          "row_offset and expert_count come together (or neither)");
   require_ptr(g.a, who, "A codes", 16);
   require_ptr(g.a_scale, who, "A scales", 4);
   require_ptr(g.b, who, "B codes", 16);
   require_ptr(g.b_scale, who, "B scales", 4);
   require_ptr(g.tile_expert, who, "tile_expert", 4);
-  require_ptr(g.d, who, "D", 8);
-  GemmParams p{g.a, g.a_scale, g.b, g.b_scale, g.tile_expert, g.n, g.k, g.d, g.out_precision == Precision::bf16};
-  const dim3 grid(grid_x(g.max_tiles, who), static_cast<unsigned>(g.n / kTileN));
-  sm90_fp8_grouped_gemm_1d2d_kernel<<<grid, kThreads, 0, stream>>>(p);
+  require_ptr(g.d, who, "D", 16);
+  static const bool smem_raised = [] {
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)smem_raised;
+  GemmParams p{g.a,         g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count,
+               g.n,         g.k,       g.d, g.out_precision == Precision::bf16};
+  const int64_t n_tiles = g.n / kTileCols;
+  sm90_fp8_grouped_gemm_1d2d_kernel<<<grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream>>>(p, n_tiles);
   MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_kernel");
 }
 

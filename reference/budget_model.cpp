@@ -56,10 +56,10 @@ std::string budget_model_name(const AccumulatorModel& acc) {
 }
 
 std::string default_budget_model(std::string_view backend) {
-  // The emulated backends judge by their block sums: float32, or the measured Hopper wgmma ("@hopper").
+  // The emulated backends judge by their block sums: float32, or the measured Hopper wgmma ("@hopper");
+  // cuda and cublaslt run wgmma.
   if (backend.starts_with("emulated") || backend.starts_with("faulty:"))
     return backend.ends_with("@hopper") ? "hopper" : "fp32";
-  if (backend == "cuda") return "hmma-f32";
   return "hopper";
 }
 

@@ -6,7 +6,7 @@
 //
 // Names:
 //   fp32      AccumulatorModel::fp32()                 float32 round-to-nearest sums (CPU, CUDA cores)
-//   hmma-f32  AccumulatorModel::hmma_f32()             f16 HMMA with a float32 accumulator (our mma.sync kernels)
+//   hmma-f32  AccumulatorModel::hmma_f32()             f16 HMMA with a float32 accumulator (mma.sync e4m3 on sm_90)
 //   hopper    AccumulatorModel::hopper_tensor_core()   truncating FP8 tensor cores (BUDGETS.md §2.1)
 //   bits:N    N kept bits, round-to-nearest            N in [8, 53]
 //   trunc:N   N kept bits, truncating                  N in [8, 53]
@@ -34,8 +34,9 @@ BudgetModel parse_budget_model(const std::string& name, const std::string& file 
 std::string budget_model_name(const AccumulatorModel& acc);
 
 // The model a backend's outputs are judged with when none is named: emulated and faulty:* ->
-// fp32 (float32 round-to-nearest on the CPU), cuda -> hmma-f32 (our mma.sync kernels lower to
-// f16 HMMA), cublaslt and anything else (an engine's dump) -> hopper (FP8 tensor cores).
+// fp32 (float32 round-to-nearest on the CPU); cuda, cublaslt and anything else (an engine's dump)
+// -> hopper (FP8 tensor cores: both our backends run wgmma e4m3). Outputs recorded by the
+// earlier mma.sync cuda kernels carry budget_model = hmma-f32 and keep it.
 std::string default_budget_model(std::string_view backend);
 
 // The model a recorded output is judged with: its budget_model attribute, else the default of

@@ -19,6 +19,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_routing.hpp"
+#include "reference/tensor_core_model.hpp"
 #include "tests/gpu_test_support.hpp"
 
 namespace moecheck::gputest {
@@ -268,13 +269,14 @@ struct GemmProblem {
   std::vector<int32_t> tile_expert;  // per M tile, -1 = skipped
   std::vector<uint8_t> a, b;
   std::vector<float> sa, sb;
+  std::vector<int32_t> row_offset, expert_count;  // optional: the permutation plan's rows per expert
   int64_t rows() const { return static_cast<int64_t>(tile_expert.size()) * kernels::kGemmTileM; }
 };
 
 std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
   DeviceBuffer<uint8_t> a(p.a), b(p.b);
   DeviceBuffer<float> sa(p.sa), sb(p.sb);
-  DeviceBuffer<int32_t> te(p.tile_expert);
+  DeviceBuffer<int32_t> te(p.tile_expert), ro(p.row_offset), ec(p.expert_count);
   DeviceBuffer<float> d(static_cast<size_t>(p.rows() * p.n));
   kernels::GroupedGemmArgs g;
   g.a = a.get();
@@ -282,6 +284,10 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
   g.b = b.get();
   g.b_scale = sb.get();
   g.tile_expert = te.get();
+  if (!p.row_offset.empty()) {
+    g.row_offset = ro.get();
+    g.expert_count = ec.get();
+  }
   g.max_tiles = static_cast<int64_t>(p.tile_expert.size());
   g.n = p.n;
   g.k = p.k;
@@ -376,6 +382,76 @@ TEST(GpuGemm, RealisticWithinDerivedBound) {
     EXPECT_TRUE(r.ok) << r;
     std::cout << "  " << r << "\n";
   }
+}
+
+// Experts with 1, 9, 17 and 97 rows: the tiles run the tensor cores on 8, 16, 32 and 64 rows (the
+// last tile of the 97 on 64: 33 rows) and must write exact zeros to the padding rows they skip
+// (zero codes, as the permutation's gather leaves them), exact values to the others.
+TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
+  MOECHECK_REQUIRE_GPU();
+  GemmProblem p;
+  p.experts = 4;
+  p.n = 256;
+  p.k = 256;
+  p.tile_expert = {0, 1, 2, 3, 3, -1};
+  p.row_offset = {0, 64, 128, 192, 320};
+  p.expert_count = {1, 9, 17, 97};
+  const auto ai = uniform_floats(23, 1, static_cast<size_t>(p.rows() * p.k), -4, 5);
+  const auto bi = uniform_floats(23, 2, static_cast<size_t>(p.experts * p.n * p.k), -4, 5);
+  p.a.assign(ai.size(), 0);
+  p.b.resize(bi.size());
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
+    if (e < 0 || row - p.row_offset[e] >= p.expert_count[e]) continue;  // padding: zero codes
+    for (int64_t c = 0; c < p.k; ++c) p.a[row * p.k + c] = e4m3_encode_satfinite(std::floor(ai[row * p.k + c]));
+  }
+  for (size_t i = 0; i < bi.size(); ++i) p.b[i] = e4m3_encode_satfinite(std::floor(bi[i]));
+  p.sa.assign(static_cast<size_t>(p.rows() * (p.k / 128)), 0.5f);
+  p.sb.assign(static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), 2.0f);
+  CheckReport r;
+  r.what = "exact GEMM with per-expert row counts";
+  check_gemm(p, run_gemm(p, Precision::f32), Precision::f32, true, r);
+  EXPECT_TRUE(r.ok) << r;
+}
+
+// Realistic codes and scales: every output element equal, bit for bit, to the measured model of
+// the instruction (TensorCoreModel::hopper_wgmma: 4 chained k32 instructions per block from zero)
+// promoted by fl32(sa * sb) and one FFMA per block, blocks ascending (DEVICE-ALGORITHM.md §3).
+TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
+  MOECHECK_REQUIRE_GPU();
+  GemmProblem p;
+  p.experts = 2;
+  p.n = 256;
+  p.k = 1024;
+  p.tile_expert = {1, 0, -1};
+  p.a = normal_codes(37, 1, static_cast<size_t>(p.rows() * p.k), 64.0);
+  p.b = normal_codes(37, 2, static_cast<size_t>(p.experts * p.n * p.k), 64.0);
+  p.sa = log_uniform_scales(37, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -10, -2);
+  p.sb = log_uniform_scales(37, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -14, -8);
+  const std::vector<float> d = run_gemm(p, Precision::f32);
+  const TensorCoreModel tc = TensorCoreModel::hopper_wgmma();
+  const int64_t kb = p.k / 128;
+  int64_t mismatches = 0, checked = 0;
+  std::string first;
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
+    if (e < 0) continue;
+    for (int64_t col = 0; col < p.n; ++col, ++checked) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) {
+        const float part = tc_chain(tc, p.a.data() + row * p.k + b * 128,
+                                    p.b.data() + (e * p.n + col) * p.k + b * 128, 32, 4, 0.0f);
+        const float s = p.sa[row * kb + b] * p.sb[(e * (p.n / 128) + col / 128) * kb + b];
+        acc = std::fma(s, part, acc);
+      }
+      const float got = d[row * p.n + col];
+      if (std::memcmp(&got, &acc, 4) != 0 && mismatches++ == 0)
+        first = "row " + std::to_string(row) + " col " + std::to_string(col) + ": gpu " + std::to_string(got) +
+                ", model " + std::to_string(acc);
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << mismatches << " of " << checked << " differ; first: " << first;
+  std::cout << "  " << checked << " outputs, " << mismatches << " differ from the wgmma model\n";
 }
 
 }  // namespace
