@@ -41,7 +41,22 @@ TEST(GoldenCorpus, EveryRecordedOutputIsWithinBudget) {
 }
 
 // The recordings must fail when they are wrong: a corpus output judged against the reference of
-// a changed case (routed_scaling_factor off) must exceed its budget.
+// a changed case (routed_scaling_factor off) must exceed its budget. Outputs recorded with input
+// hashes are refused first (exit 2, naming the hash); without them (older recordings) the
+// budgets must catch the change.
+void strip_input_hashes(H5::H5File& f) {
+  H5::Group outputs = f.openGroup("/outputs");
+  for (hsize_t i = 0; i < outputs.getNumObjs(); ++i) {
+    H5::Group o = outputs.openGroup(outputs.getObjnameByIdx(i));
+    std::vector<std::string> hashes;
+    for (int a = 0; a < o.getNumAttrs(); ++a) {
+      const std::string name = o.openAttribute(static_cast<unsigned>(a)).getName();
+      if (name.rfind("input_hash", 0) == 0) hashes.push_back(name);
+    }
+    for (const std::string& name : hashes) o.removeAttr(name);
+  }
+}
+
 TEST(GoldenCorpus, AChangedReferenceIsNoticed) {
   for (const std::string& path : corpus()) {
     const CaseReader r(path);
@@ -54,8 +69,13 @@ TEST(GoldenCorpus, AChangedReferenceIsNoticed) {
       g.removeAttr("routed_scaling_factor");
       test::set_attr(g, "routed_scaling_factor", 1.0);
     });
-    const test::RunResult res = test::run_process({test::binary("moecheck"), "compare", copy, "-q"});
-    EXPECT_EQ(res.exit_code, 1) << path << ": a wrong reference went unnoticed\n" << res.out;
+    test::RunResult res = test::run_process({test::binary("moecheck"), "compare", copy, "-q"});
+    if (res.exit_code == 2) {
+      EXPECT_NE(res.err.find("@input_hash: /config changed"), std::string::npos) << res.err;
+      test::mutate(copy, strip_input_hashes);
+      res = test::run_process({test::binary("moecheck"), "compare", copy, "-q"});
+    }
+    EXPECT_EQ(res.exit_code, 1) << path << ": a wrong reference went unnoticed\n" << res.out << res.err;
     return;
   }
   FAIL() << "no corpus case with recorded outputs and a routed_scaling_factor != 1";
