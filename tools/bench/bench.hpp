@@ -24,7 +24,8 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
 
 // `moecheck bench --backend cuda|cublaslt`: the GPU backends' timing (bench_gpu.cpp).
 struct GpuBenchRequest {
-  std::string backend, preset = "deepseek-v3", output;
+  std::vector<std::string> backends;  // cuda, cublaslt, or both (run in this order, then side by side)
+  std::string preset = "deepseek-v3", output;
   std::vector<int64_t> tokens{1, 8, 64, 512, 4096};
   int64_t tp = 1;
   uint64_t seed = 1;

@@ -1,4 +1,4 @@
-// `moecheck bench --backend cuda|cublaslt [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
+// `moecheck bench --backend cuda[,cublaslt] [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
 // the GPU backends' timing (tools/bench/bench_gpu.cpp); `moecheck bench reference [--preset NAME]
 // [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...] [--repeat N]`: figures of the float64 reference on a
 // synthetic layer of a real model's shape (tools/bench/bench_reference.cpp).
@@ -15,7 +15,8 @@ void register_bench(CLI::App& app) {
   auto* ref = sub->add_subcommand("reference", "float64 reference: wall time, GFLOP/s vs this machine's GEMM rate, peak RSS");
   sub->require_subcommand(0, 1);
   auto g = std::make_shared<bench::GpuBenchRequest>();
-  sub->add_option("--backend", g->backend, "GPU backend to time: cuda | cublaslt")
+  sub->add_option("--backend", g->backends, "GPU backends to time: cuda, cublaslt, or cuda,cublaslt (side by side)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"cuda", "cublaslt"}));
   sub->add_option("--preset", g->preset, "model preset (moecheck make-case --list-presets)");
   sub->add_option("--tokens", g->tokens, "batch sizes, comma-separated")->delimiter(',');
@@ -25,10 +26,11 @@ void register_bench(CLI::App& app) {
   sub->add_option("--min-seconds", g->min_seconds, "timed seconds per batch size, at least")->check(CLI::Range(0.0, 600.0));
   sub->add_option("--input-sets", g->input_sets, "distinct input sets rotated")->check(CLI::Range(1, 64));
   sub->add_option("-o,--output", g->output,
-                  "where the figures are kept as JSON (default moecheck-bench-<backend>-<preset>[-tpN].json)");
+                  "where the figures are kept as JSON (default moecheck-bench-<backend>[+<backend>]-<preset>[-tpN].json)");
   set_runner(sub, [g]() {
-    if (g->backend.empty())
-      throw InputError("", "--backend", "give --backend cuda|cublaslt, or a subcommand (moecheck bench reference)");
+    if (g->backends.empty())
+      throw InputError("", "--backend",
+                       "give --backend cuda, cublaslt or cuda,cublaslt, or a subcommand (moecheck bench reference)");
     return bench::bench_gpu(*g);
   });
   struct Opts {
