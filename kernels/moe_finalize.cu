@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ weights, int64_t top_k, int64_t hidden,
                         uint16_t* __restrict__ out, float* __restrict__ expert_outputs) {
   const int64_t t = blockIdx.x;
-  for (int64_t h = static_cast<int64_t>(threadIdx.x) * 4; h < hidden; h += kThreads * 4) {
+  for (int64_t h = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * 4; h < hidden;
+       h += static_cast<int64_t>(gridDim.y) * kThreads * 4) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int64_t j = 0; j < top_k; ++j) {
       const int32_t row = slot_to_row[t * top_k + j];
@@ -66,7 +67,9 @@ void launch_moe_finalize(const float* gemm2_out, const int32_t* slot_to_row, con
   require_ptr(topk_weights, who, "topk_weights", 4);
   require_ptr(out_bf16, who, "output", 8);
   if (expert_outputs != nullptr) require_ptr(expert_outputs, who, "expert_outputs", 16);
-  moe_finalize_kernel<<<grid_x(tokens, who), kThreads, 0, stream>>>(gemm2_out, slot_to_row, topk_weights, top_k,
+  // One block per token and 1024 columns: a decode step's few tokens still fill several SMs.
+  const dim3 grid(grid_x(tokens, who), static_cast<unsigned>((hidden + kThreads * 4 - 1) / (kThreads * 4)));
+  moe_finalize_kernel<<<grid, kThreads, 0, stream>>>(gemm2_out, slot_to_row, topk_weights, top_k,
                                                                     hidden, out_bf16, expert_outputs);
   MOECHECK_CUDA_CHECK_LAUNCH("moe_finalize_kernel");
 }

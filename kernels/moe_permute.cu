@@ -1,7 +1,8 @@
 // Permutation of the MoE slots into the grouped GEMM's row layout (moe_stages.hpp, "The
 // permuted layout"), and the gather of token rows into the permuted A operand.
 //
-// Four launches, deterministic (no result depends on thread scheduling):
+// Small batches (T k <= kFusedMaxSlots) take one launch, permute_fused below; larger ones four,
+// with the same results. Deterministic either way (no result depends on thread scheduling):
 //   count_local_slots   slots of each local expert (atomic counts: order-free integers);
 //                       slots of non-local experts get slot_to_row = -1 (EP skip)
 //   build_row_offsets   one block: padded offsets (exclusive scan), tile -> expert map,
@@ -27,6 +28,9 @@ namespace {
 
 constexpr int kScatterThreads = 256;
 constexpr int kTileM = static_cast<int>(kGemmTileM);
+constexpr int kFusedThreads = 1024;
+constexpr int64_t kFusedMaxSlots = kFusedThreads;  // one slot per thread
+constexpr int kFusedExpertsPerThread = static_cast<int>((kMaxExperts + kFusedThreads - 1) / kFusedThreads);
 
 __global__ void count_local_slots_kernel(const int32_t* __restrict__ ids, int64_t slots, int32_t offset,
                                          int32_t local, int32_t* __restrict__ counts,
@@ -108,6 +112,102 @@ __global__ void __launch_bounds__(kScatterThreads)
   for (int32_t r = base + counts[e] + threadIdx.x; r < padded_end; r += kScatterThreads) row_to_slot[r] = -1;
 }
 
+// The whole plan in one block, for T k <= kFusedMaxSlots: counts (shared-memory atomics on
+// integers), the padded offsets by a block-wide exclusive scan of the tile counts, the tile map,
+// then each slot's row = its expert's first row + the number of earlier slots of that expert
+// (O(slots) per thread: at most 1024 comparisons), which is the multi-launch path's stable order.
+__global__ void __launch_bounds__(kFusedThreads)
+    permute_fused_kernel(const int32_t* __restrict__ ids, int32_t slots, int32_t offset, int32_t local,
+                         int64_t max_tiles, int32_t* __restrict__ expert_count, int32_t* __restrict__ row_offset,
+                         int32_t* __restrict__ tile_expert, int32_t* __restrict__ slot_to_row,
+                         int32_t* __restrict__ row_to_slot, int32_t* __restrict__ totals) {
+  extern __shared__ int32_t fused_smem[];
+  int32_t* count = fused_smem;              // [local]
+  int32_t* tile_start = count + local;      // [local + 1]
+  int32_t* expert_of = tile_start + local + 1;  // [slots]: local expert of each slot, -1 if not local
+  __shared__ int32_t warp_sum[kFusedThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // Counts
+  for (int32_t e = tid; e < local; e += kFusedThreads) count[e] = 0;
+  __syncthreads();
+  if (tid < slots) {
+    const int32_t e = ids[tid] - offset;
+    const bool mine = e >= 0 && e < local;
+    expert_of[tid] = mine ? e : -1;
+    if (mine) atomicAdd(count + e, 1);
+    else slot_to_row[tid] = -1;
+  }
+  __syncthreads();
+
+  // Exclusive scan of the tiles per expert: kFusedExpertsPerThread consecutive experts per thread.
+  const int32_t e0 = tid * kFusedExpertsPerThread;
+  int32_t mine = 0;
+  for (int i = 0; i < kFusedExpertsPerThread; ++i)
+    if (e0 + i < local) mine += (count[e0 + i] + kTileM - 1) / kTileM;
+  int32_t incl = mine;  // inclusive scan within the warp
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) warp_sum[warp] = incl;
+  __syncthreads();
+  int32_t before = incl - mine;
+  for (int w = 0; w < warp; ++w) before += warp_sum[w];
+  for (int i = 0; i < kFusedExpertsPerThread; ++i) {
+    const int32_t e = e0 + i;
+    if (e >= local) break;
+    tile_start[e] = before;
+    row_offset[e] = before * kTileM;
+    expert_count[e] = count[e];
+    before += (count[e] + kTileM - 1) / kTileM;
+  }
+  if (e0 < local && e0 + kFusedExpertsPerThread >= local) {  // the thread holding the last expert
+    tile_start[local] = before;
+    row_offset[local] = before * kTileM;
+    totals[0] = before * kTileM;
+    totals[1] = before;
+  }
+  __syncthreads();
+
+  // Tile map (as build_row_offsets_kernel) and unused rows past the last tile
+  const int32_t tiles = tile_start[local];
+  for (int64_t t = tid; t < max_tiles; t += kFusedThreads) {
+    int32_t e = -1;
+    if (t < tiles) {
+      int32_t lo = 0, hi = local;  // invariant: tile_start[lo] <= t < tile_start[hi]
+      while (hi - lo > 1) {
+        const int32_t mid = (lo + hi) / 2;
+        if (tile_start[mid] <= t) lo = mid;
+        else hi = mid;
+      }
+      e = lo;
+    }
+    tile_expert[t] = e;
+  }
+  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + tid; r < max_tiles * kTileM; r += kFusedThreads)
+    row_to_slot[r] = -1;
+
+  // Slots to rows, then each expert's padding rows
+  if (tid < slots && expert_of[tid] >= 0) {
+    const int32_t e = expert_of[tid];
+    int32_t rank = 0;
+    for (int32_t j = 0; j < tid; ++j) rank += expert_of[j] == e;
+    const int32_t row = tile_start[e] * kTileM + rank;
+    slot_to_row[tid] = row;
+    row_to_slot[row] = tid;
+  }
+  for (int64_t r = tid; r < static_cast<int64_t>(tiles) * kTileM; r += kFusedThreads) {
+    int32_t lo = 0, hi = local;  // the last expert starting at or before r: the one holding it
+    while (hi - lo > 1) {
+      const int32_t mid = (lo + hi) / 2;
+      if (tile_start[mid] * kTileM <= r) lo = mid;
+      else hi = mid;
+    }
+    if (r - static_cast<int64_t>(tile_start[lo]) * kTileM >= count[lo]) row_to_slot[r] = -1;
+  }
+}
+
 __global__ void gather_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales,
                                    bool transposed, int64_t tokens, int64_t hidden, int64_t top_k,
                                    const int32_t* __restrict__ row_to_slot, const int32_t* __restrict__ totals,
@@ -168,6 +268,15 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
   const auto local = static_cast<int32_t>(local_experts);
   const auto offset = static_cast<int32_t>(local_expert_offset);
 
+  if (slots <= kFusedMaxSlots) {
+    const size_t smem = sizeof(int32_t) * static_cast<size_t>(2 * local_experts + 1 + slots);
+    permute_fused_kernel<<<1, kFusedThreads, smem, stream>>>(topk_ids, static_cast<int32_t>(slots), offset, local,
+                                                             cap.max_tiles, plan.expert_count, plan.row_offset,
+                                                             plan.tile_expert, plan.slot_to_row, plan.row_to_slot,
+                                                             plan.totals);
+    MOECHECK_CUDA_CHECK_LAUNCH("permute_fused_kernel");
+    return;
+  }
   MOECHECK_CUDA_CHECK(cudaMemsetAsync(plan.expert_count, 0, sizeof(int32_t) * local_experts, stream));
   if (slots > 0) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((slots + 255) / 256, 4096));
