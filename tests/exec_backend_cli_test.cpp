@@ -55,10 +55,11 @@ std::string python3() {
   return p && *p ? p : MOECHECK_PYTHON3;
 }
 
-std::string kernel_command(const std::string& fault = "") {
+std::string kernel_command(const std::string& fault = "", const std::string& extra = "") {
   std::string cmd = "exec:" + python3() + " " + test::source_path("tests/exec/numpy_moe_kernel.py") +
                     " {case} {out}";
   if (!fault.empty()) cmd += " --fault " + fault;
+  if (!extra.empty()) cmd += " " + extra;
   return cmd;
 }
 
@@ -140,6 +141,43 @@ TEST_F(ExecBackend, ReplayOfAFailingGateCase) {
   const std::regex work("work directory kept: (\\S+)");
   std::smatch m;
   if (std::regex_search(r.out, m, work)) fs::remove_all(m[1].str());
+}
+
+// A command exiting 77 declines the case: the gate counts it as unsupported (not judged) with
+// the reason the command printed, and passes on the cases it judged; a gate whose cases were all
+// declined judged nothing and does not pass (exit 2); `run` of a declined case is exit 2, nothing
+// recorded.
+TEST_F(ExecBackend, DeclinedCasesAreCountedNotJudged) {
+  SKIP_WITHOUT_KERNEL();
+  const test::RunResult r = test::run_moecheck(
+      {"gate", "--backend", kernel_command("", "--max-tokens 8"), "--cases", "12", "--seed", "1", "--no-golden", "-q"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("sweep: 12 cases run, [1-9][0-9]* passed, 0 failed, [1-9][0-9]* "
+                                                  "unsupported by the backend \\(not judged\\)")))
+      << r.out;
+  EXPECT_NE(r.out.find(" x the command declines this case (exit status 77): numpy_moe_kernel: unsupported: this "
+                       "kernel takes at most 8 tokens"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("gate: PASS"), std::string::npos) << r.out;
+  expect_no_scratch();
+}
+
+TEST_F(ExecBackend, AGateWhoseCasesAreAllDeclinedDoesNotPass) {
+  SKIP_WITHOUT_KERNEL();
+  const test::RunResult r = test::run_moecheck(
+      {"gate", "--backend", kernel_command("", "--max-tokens 0"), "--cases", "3", "--seed", "1", "--no-golden", "-q"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.out.find("no sweep case was judged (3 unsupported"), std::string::npos) << r.out;
+  expect_no_scratch();
+  const test::RunResult run = test::run_moecheck({"run", case_, "--backend", kernel_command("", "--max-tokens 2")});
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find(case_ + ": the command declines this case (exit status 77): numpy_moe_kernel: unsupported: "
+                         "this kernel takes at most 2 tokens"),
+            std::string::npos)
+      << run.err;
+  EXPECT_TRUE(CaseReader(case_).outputs().empty());
+  expect_no_scratch();
 }
 
 TEST_F(ExecBackend, RunRecordsTheOutputWithItsBudgetModel) {

@@ -29,9 +29,16 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 from . import _moecheck  # noqa: E402
 from . import capture  # noqa: E402
 
-__all__ = ["Case", "Report", "InputError", "LayerConfig", "judge", "reference", "budget_model_names", "gate", "shrink"]
+__all__ = ["Case", "Report", "InputError", "LayerConfig", "Unsupported", "judge", "reference", "budget_model_names",
+           "gate", "shrink"]
 
 InputError = _moecheck.InputError
+
+
+class Unsupported(Exception):
+    """Raised by a kernel (a moecheck.gate callable) for a case it does not implement, e.g. a
+    routing method or a recipe it lacks: the case is counted as unsupported, not judged (the exec
+    shim turns it into exit status 77, which `--backend exec:CMD` reads the same way)."""
 LayerConfig = capture.LayerConfig
 Report = _moecheck.Report
 

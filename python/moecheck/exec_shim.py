@@ -6,8 +6,9 @@ kernel written as a Python function:
 
 imports FUNCTION from MODULE (importable from the current directory or PYTHONPATH), calls it with
 the moecheck.Case of {case}, and writes what it returns (the forms moecheck.gate accepts) to {out}
-with capture.write_output. Exit 0, or 3 with the reason on stderr when the function raises or its
-output is malformed (the binary reports that as the backend's failure)."""
+with capture.write_output. Exit 0; 77 with the reason on stderr when the function raises
+moecheck.Unsupported (the binary counts the case as unsupported, not judged); 3 with the
+traceback when it raises anything else or its output is malformed (the backend's failure)."""
 import argparse
 import importlib
 import sys
@@ -43,13 +44,16 @@ def main(argv=None):
     ap.add_argument("out")
     ap.add_argument("--budget-model", default=None)
     a = ap.parse_args(argv)
-    from . import Case, capture  # noqa: PLC0415
+    from . import Case, Unsupported, capture  # noqa: PLC0415
     from .sweep import _as_outputs  # noqa: PLC0415
     try:
         fn = resolve(a.backend)
         outs = _as_outputs(fn(Case.load(a.case)))
         model = a.budget_model or getattr(fn, "budget_model", None)
         capture.write_output(a.out, capture.Output("python", backend=a.backend, budget_model=model, **outs), case=a.case)
+    except Unsupported as e:
+        print(f"unsupported: {e}", file=sys.stderr)
+        return 77
     except Exception:  # noqa: BLE001 (the kernel under test may raise anything)
         traceback.print_exc(limit=-4)
         return 3

@@ -6,7 +6,9 @@ tuple (output, topk_ids[, topk_weights[, expert_outputs]]), or a dict with those
 
 A failing case is saved with the output in it (a replayable case: `moecheck compare FILE --output
 python`), printed with the make-case command that rebuilds its inputs and the Python call that
-reruns it alone. An exception raised by the callable fails the case (its message is the reason).
+reruns it alone. An exception raised by the callable fails the case (its message is the reason),
+except moecheck.Unsupported: the kernel declines the case, which is counted, not judged; a gate
+whose cases were all declined is not ok.
 A case whose checks could not even see the output zeroed (VACUOUS, BUDGETS.md §10.6) and that
 fails no check is counted as not judged, as `moecheck gate` counts it.
 """
@@ -38,16 +40,28 @@ class GateResult:
     cases: int = 0
     passed: int = 0
     vacuous: int = 0
+    unsupported: int = 0  # cases the callable declined (moecheck.Unsupported)
+    unsupported_reasons: dict = field(default_factory=dict)  # reason -> count
     failures: List[GateFailure] = field(default_factory=list)
     work_dir: Optional[str] = None  # where the failing cases are (None when all passed)
 
     @property
+    def judged_nothing(self):
+        """Every case declined or not judged, at least one declined: the kernel was never judged."""
+        return self.unsupported > 0 and self.passed == 0 and not self.failures
+
+    @property
     def ok(self):
-        return not self.failures
+        return not self.failures and not self.judged_nothing
 
     def text(self):
         lines = [f"moecheck.gate seed {self.seed}: {self.cases} cases, {self.passed} passed, "
-                 f"{len(self.failures)} failed, {self.vacuous} vacuous (not judged)"]
+                 f"{len(self.failures)} failed, {self.vacuous} vacuous (not judged)"
+                 + (f", {self.unsupported} unsupported by the backend (not judged)" if self.unsupported else "")]
+        for why, n in sorted(self.unsupported_reasons.items()):
+            lines.append(f"  unsupported: {n} x {why}")
+        if self.judged_nothing:
+            lines.append("  no case was judged: narrow the sweep to what the kernel implements (presets=, recipe=)")
         for f in self.failures:
             lines += [f"  FAIL case {f.index}: {f.reason}", f"    make-case: {f.make_case}", f"    replay:    {f.replay}"]
             if f.case_path:
@@ -83,7 +97,7 @@ def gate(backend, cases=100, seed=1, presets=None, recipe=None, budget_model=Non
     "sglang" for a kernel of that design); requant_test: also the re-quantization test
     (BUDGETS.md §10.7). Returns a GateResult (ok, failures, text()); prints progress and each
     failure to stderr unless quiet."""
-    from . import Case, InputError, judge  # noqa: PLC0415 (package cycle)
+    from . import Case, InputError, Unsupported, judge  # noqa: PLC0415 (package cycle)
 
     if not callable(backend):
         raise TypeError(f"backend must be callable (it takes a moecheck.Case), got {type(backend).__name__}")
@@ -109,14 +123,20 @@ def gate(backend, cases=100, seed=1, presets=None, recipe=None, budget_model=Non
                 c = Case.load(path)
             except InputError as e:  # the generator made a case the reader refuses: ours, not yours
                 failure = GateFailure(i, f"moecheck could not read its own generated case: {e}", None, make, replay)
+            declined = False
             if failure is None:
                 try:
                     outs = _as_outputs(backend(c))
+                except Unsupported as e:
+                    declined = True
+                    why = str(e).splitlines()[0] if str(e) else "(no reason given)"
+                    result.unsupported += 1
+                    result.unsupported_reasons[why] = result.unsupported_reasons.get(why, 0) + 1
                 except Exception as e:  # noqa: BLE001 (the kernel under test may raise anything)
                     tb = traceback.format_exc(limit=-3)
                     failure = GateFailure(i, f"the backend raised {_first_line(e)}", None, make, replay)
                     say(tb.rstrip())
-            if failure is None:
+            if failure is None and not declined:
                 try:
                     r = judge(c, name=OUTPUT_NAME, budget_model=model, allow_vacuous=True, requant_test=requant_test,
                               **outs)

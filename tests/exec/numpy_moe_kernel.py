@@ -6,15 +6,17 @@ format of golden/FORMAT.md), computes the layer by the device algorithm
 step in float32) and writes its output file ({out}) with tools/capture's write_output, judged
 with the budget model "fp32".
 
-    python3 numpy_moe_kernel.py CASE OUT [--fault NAME]
+    python3 numpy_moe_kernel.py CASE OUT [--fault NAME] [--max-tokens N]
 
 What it implements: every routing method (deepseek_v3 with grouped top-k and the correction
 bias, renormalize, softmax_topk, sigmoid_renormalize with or without a bias, llama4), f32 and
 UE8M0 scales, both gate/up layouts, f32 / bf16 intermediates and routing weights, bf16 or f32
 hidden states, the engine's own FP8 activations (hidden_states_fp8), ragged last blocks, EP
 shards (local_expert_offset, subset storage), and the engine recipes (combine f32 / bf16_slots /
-bf16_expert_order, act_scale_floor, quant_divide, expert_output_dtype, silu_dtype). It refuses
-(exit 3, a message on stderr) what it does not: group_size != weight_block.
+bf16_expert_order, act_scale_floor, quant_divide, expert_output_dtype, silu_dtype). It declines
+(exit 77, the reason on stderr: moecheck counts the case as unsupported) what it does not:
+group_size != weight_block, and with --max-tokens N a case of more than N tokens (a stand-in for
+a kernel with a size limit).
 
 --fault NAME injects one mistake (a mutant, for `moecheck faults` / a failing gate):
   none               the correct kernel (what {fault} is outside `moecheck faults`)
@@ -254,15 +256,20 @@ def main():
     ap.add_argument("case")
     ap.add_argument("out")
     ap.add_argument("--fault", default="none", help="one of " + ", ".join(FAULTS))
+    ap.add_argument("--max-tokens", type=int, default=None, help="decline (exit 77) a case of more tokens")
     a = ap.parse_args()
+    if a.fault not in FAULTS:  # a mutant must never silently be the correct kernel: a failure
+        print(f"numpy_moe_kernel: fault {a.fault!r} is not implemented (it has {', '.join(FAULTS)})", file=sys.stderr)
+        return 3
     try:
-        if a.fault not in FAULTS:
-            raise Refused(f"fault {a.fault!r} is not implemented by this kernel (it has {', '.join(FAULTS)})")
         case = read_case(a.case)
+        T = case["logits"].shape[0]
+        if a.max_tokens is not None and T > a.max_tokens:
+            raise Refused(f"this kernel takes at most {a.max_tokens} tokens")
         out, ids, weights, y = run_layer(case, a.fault)
     except Refused as e:
-        print(f"numpy_moe_kernel: refused: {e}", file=sys.stderr)
-        return 3
+        print(f"numpy_moe_kernel: unsupported: {e}", file=sys.stderr)
+        return 77
     name = "numpy" if a.fault == "none" else f"numpy.{a.fault}"
     mc.write_output(a.out, mc.Output(name, output=out, topk_ids=ids, topk_weights=weights, expert_outputs=y,
                                      backend="numpy_moe_kernel", budget_model="fp32", device="cpu (numpy float32)"),

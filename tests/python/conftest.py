@@ -16,8 +16,8 @@ def _bin():
     return b
 
 
-def run_cli(*args, check=True):
-    r = subprocess.run([_bin(), *map(str, args)], capture_output=True, text=True)
+def run_cli(*args, check=True, env=None):
+    r = subprocess.run([_bin(), *map(str, args)], capture_output=True, text=True, env=env)
     if check and r.returncode != 0:
         raise AssertionError(f"moecheck {' '.join(map(str, args))}: exit {r.returncode}\n{r.stdout}{r.stderr}")
     return r

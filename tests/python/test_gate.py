@@ -47,6 +47,38 @@ def test_what_the_callable_does_wrong_is_its_failure():
         moecheck.gate("not callable", cases=1)
 
 
+def test_a_declined_case_is_counted_not_judged(tmp_path):
+    r = moecheck.gate(k.at_most_8_tokens, cases=12, seed=1, quiet=True)
+    assert r.ok and r.unsupported > 0 and r.passed > 0, r.text()
+    assert r.passed + r.vacuous + r.unsupported == 12 and not r.failures
+    assert r.unsupported_reasons == {"this kernel takes at most 8 tokens": r.unsupported}
+    assert "unsupported by the backend (not judged)" in r.text()
+
+    def declines_all(case):
+        raise moecheck.Unsupported("routing not implemented")
+
+    none = moecheck.gate(declines_all, cases=3, seed=1, quiet=True)
+    assert not none.ok and none.judged_nothing and not none.failures, none.text()
+    assert "no case was judged" in none.text()
+
+
+def test_the_exec_shim_exits_77_for_a_declined_case(tmp_path):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    path = tmp_path / "c.h5"
+    run_cli("make-case", "--preset", "tiny-deepseek", "--tokens", "12", "--seed", "2", "-o", str(path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-m", "moecheck.exec_shim", "kernels_for_tests:at_most_8_tokens", str(path),
+                        str(tmp_path / "out.h5")], capture_output=True, text=True, env=env)
+    assert r.returncode == 77 and "this kernel takes at most 8 tokens" in r.stderr, r.stderr
+    assert not (tmp_path / "out.h5").exists()
+    # the binary reads it the same way: `run` exits 2 naming the reason, nothing recorded
+    cli = run_cli("run", str(path), "--backend", f"exec:{sys.executable} -m moecheck.exec_shim "
+                  "kernels_for_tests:at_most_8_tokens {case} {out}", check=False, env=env)
+    assert cli.returncode == 2 and "declines this case (exit status 77)" in cli.stderr, cli.stderr
+
+
 def test_shrink_through_the_callable(tmp_path):
     r = moecheck.gate(k.gate_up_swap, cases=30, seed=1, quiet=True, save_dir=tmp_path)
     big = max(r.failures, key=lambda f: moecheck.Case.load(f.case_path).tokens)

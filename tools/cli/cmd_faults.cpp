@@ -36,7 +36,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Tally {
-  int64_t cases = 0, caught = 0;
+  int64_t cases = 0, caught = 0, unsupported = 0;  // unsupported: declined by the backend, not counted in cases
   int64_t missed[4] = {0, 0, 0, 0};  // deepgemm, sglang, vllm, nmse: passed although moecheck caught it
   int64_t flagged[4] = {0, 0, 0, 0}; // familiar check failed (for the correct backend: false alarms)
 };
@@ -83,21 +83,22 @@ std::string short_named(const CompareResult& r) {
 
 const char* miss(bool familiar_pass) { return familiar_pass ? "**missed**" : "caught"; }
 
-// The bug case run on `backend` and judged with its default model; no result: the backend threw.
-std::optional<CompareResult> judge_bug_case(const std::string& file, const std::string& backend, int64_t thr) {
+// The bug case run on `backend` and judged with its default model; no result: the backend threw
+// or declined the case (unsupported()).
+judge::CheckOutcome judge_bug_case(const std::string& file, const std::string& backend, int64_t thr) {
   judge::CheckOptions k;
   k.backend = backend;
   k.int32_threshold = thr;
   judge::CheckOutcome out = judge::check_case(file, k);
   if (out.status == judge::CheckStatus::input_error) throw InputError(file, "", out.reason);
-  if (out.results.empty()) return std::nullopt;
-  return std::move(out.results.front());
+  return out;
 }
 
 // The bug case judged as an FP8 tensor-core output: faulty:<fault>@hopper, default model hopper.
 std::string under_hopper(const std::string& file, const std::string& backend, int64_t thr) {
-  const std::optional<CompareResult> r = judge_bug_case(file, backend + "@hopper", thr);
-  if (!r) return "caught: the backend threw";
+  const judge::CheckOutcome out = judge_bug_case(file, backend + "@hopper", thr);
+  if (out.results.empty()) return "caught: the backend threw";
+  const CompareResult* r = &out.results.front();
   if (r->checks_failed == 0 && r->power.vacuous) return "VACUOUS";
   return r->pass ? "**missed**" : "caught";
 }
@@ -164,6 +165,10 @@ void register_faults(CLI::App& app) {
             k.backend = backends[b];
             const judge::CheckOutcome out = judge::check_problem(cp, k);
             if (out.status == judge::CheckStatus::input_error) throw InputError(path, "", out.reason);
+            if (out.unsupported()) {
+              ++sweep_tally[b].unsupported;
+              continue;
+            }
             tally(sweep_tally[b], out.results.empty() ? nullptr : &out.results.front());
           }
           fs::remove(path);
@@ -213,7 +218,12 @@ void register_faults(CLI::App& app) {
           for (const OutputInfo& oi : rd.outputs())
             if (oi.attributes.count("int32_threshold")) thr = std::stoll(oi.attributes.at("int32_threshold"));
         }
-        if (const std::optional<CompareResult> r = judge_bug_case(file, be, thr)) {
+        const judge::CheckOutcome out = judge_bug_case(file, be, thr);
+        if (out.unsupported()) {
+          bug = "declined by the backend (unsupported)";
+          ok = false;
+        } else if (!out.results.empty()) {
+          const CompareResult* r = &out.results.front();
           bug = short_named(*r);
           const FamiliarMetrics& m = r->metrics;
           cols[0] = miss(m.deepgemm_pass), cols[1] = miss(m.sglang_pass), cols[2] = miss(m.vllm_pass), cols[3] = miss(m.nmse_pass);
@@ -226,7 +236,9 @@ void register_faults(CLI::App& app) {
         bug = "(no bug case)";
       }
       const Tally& t = sweep_tally[b];
-      std::string sw = o->cases > 0 ? fmt::format("{} / {}", t.caught, t.cases) : "-";
+      std::string sw = o->cases > 0 ? fmt::format("{} / {}{}", t.caught, t.cases,
+                                                  t.unsupported ? fmt::format(" ({} unsupported)", t.unsupported) : "")
+                                    : "-";
       std::string mi = "-";
       if (o->cases > 0)
         mi = b == 0 ? fmt::format("false alarms: {} / {} / {} / {}", t.flagged[0], t.flagged[1], t.flagged[2], t.flagged[3])

@@ -95,7 +95,7 @@ void register_repro(CLI::App& app) {
     const std::string judged = o->backend.empty() ? "/outputs/" + o->output : "backend " + o->backend;
     const std::string backend = o->backend.empty() ? (attrs.count("backend") ? attrs["backend"] : o->output) : o->backend;
     std::ostream& os = std::cout;
-    os << fmt::format("### moecheck repro: {} ({})\n\n", rd.path(), out.failed() ? "FAIL" : "pass");
+    os << fmt::format("### moecheck repro: {} ({})\n\n", rd.path(), out.failed() ? "FAIL" : std::string(judge::to_string(out.status)));
     os << fmt::format("- moecheck {}; judged: {}; budget model {}\n", MOECHECK_VERSION, judged,
                       out.budget_models.empty() ? "-" : out.budget_models.front());
     os << fmt::format("- config: E={} top_k={} H={} I={} routing={} n_group={} topk_group={} rsf={}\n", c.num_experts,

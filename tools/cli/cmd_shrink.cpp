@@ -56,7 +56,8 @@ void register_shrink(CLI::App& app) {
     so.no_control = o->no_control;
     if (!o->quiet) so.progress = [](const std::string& s) { std::cerr << "moecheck: " << s << "\n"; };
     const sweep::ShrinkResult r = sweep::shrink_case(o->path, o->out, so);
-    if (r.initial.status == judge::CheckStatus::input_error) throw InputError(o->path, "", r.initial.reason);
+    if (r.initial.status == judge::CheckStatus::input_error || r.initial.unsupported())
+      throw InputError(o->path, "", r.initial.reason);
     if (!r.initial.failed()) {
       std::cout << fmt::format("{} does not fail with {}: nothing to shrink\n", o->path,
                                o->backend.empty() ? "/outputs/" + o->output : o->backend);

@@ -69,7 +69,7 @@ BackendOutput run_backend(const CaseProblem& cp, const std::string& name, bool e
   // Our GPU kernels implement the contract's default recipe only (docs/DEVICE-ALGORITHM.md §7):
   // a case with another engine recipe is refused rather than run with the wrong roundings.
   if (const std::vector<std::string> r = recipe_settings(cp.config().recipe); !r.empty())
-    throw InputError(cp.problem().source, "/config@" + r.front().substr(0, r.front().find('=')),
+    throw BackendUnsupported(cp.problem().source, "/config@" + r.front().substr(0, r.front().find('=')),
                      fmt::format("backend {} implements only the default engine recipe; this case asks for {} "
                                  "(run it with --backend emulated)",
                                  b.base, fmt::join(r, " ")));

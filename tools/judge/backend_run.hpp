@@ -18,6 +18,16 @@
 
 namespace moecheck::judge {
 
+// The backend declines the case: it does not implement what the case asks (an engine recipe our
+// GPU kernels lack; an exec:CMD command that exits with kExecUnsupported; a Python kernel raising
+// moecheck.Unsupported). No verdict either way: `run` exits 2 with the message (it is an
+// InputError), gate counts the case as unsupported (not judged), shrink keeps only candidates
+// that still fail, faults does not count it as caught.
+class BackendUnsupported : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 // A backend name taken apart: base "emulated", "faulty:<fault>", "cuda" or "cublaslt", and
 // whether "@hopper" followed (the emulated ones only). InputError naming --backend otherwise.
 struct BackendName {

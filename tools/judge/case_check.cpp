@@ -18,6 +18,7 @@ std::string_view to_string(CheckStatus s) {
   switch (s) {
     case CheckStatus::pass: return "pass";
     case CheckStatus::fail: return "fail";
+    case CheckStatus::unsupported: return "unsupported";
     case CheckStatus::input_error: return "input error";
   }
   return "?";
@@ -158,6 +159,11 @@ CheckOutcome judge_problem(const CaseProblem& cp, const CheckOptions& opt) {
     // failure of the backend on a case the reader accepted is the backend's failure.
     try {
       out.run = run_backend(cp, opt.backend, opt.expert_outputs, opt.int32_threshold);
+    } catch (const BackendUnsupported& e) {
+      out.status = CheckStatus::unsupported;
+      out.reason = e.rule();  // without the file: the same reason for every case it applies to
+      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return out;
     } catch (const InputError& e) {
       if (e.where() == "--backend") throw;
       out.status = CheckStatus::fail;

@@ -8,9 +8,10 @@
 // compare CASE --output B` would exit 0.
 //
 // Outcomes: pass; fail (a check exceeded its budget, or the backend threw on a case the
-// reference accepted: a crash of the thing checked); input_error (the case is unreadable or
+// reference accepted: a crash of the thing checked); unsupported (the backend declined the case:
+// BackendUnsupported, backend_run.hpp; nothing judged); input_error (the case is unreadable or
 // invalid, the reference refuses it, or the backend cannot run here at all, e.g. cuda without a
-// GPU): exit codes 0 / 1 / 2.
+// GPU): exit codes 0 / 1 / 2 / 2.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ struct CheckOptions {
   bool allow_vacuous = false;  // a vacuous output (CompareOptions) does not fail the check
 };
 
-enum class CheckStatus { pass, fail, input_error };
+enum class CheckStatus { pass, fail, unsupported, input_error };
 std::string_view to_string(CheckStatus s);
 
 struct CheckOutcome {
@@ -45,6 +46,7 @@ struct CheckOutcome {
   std::optional<BackendOutput> run;    // the backend run, when one was made
   double seconds = 0;                  // wall time (reference + backend + judging)
   int exit_code() const { return status == CheckStatus::pass ? 0 : status == CheckStatus::fail ? 1 : 2; }
+  bool unsupported() const { return status == CheckStatus::unsupported; }
   bool failed() const { return status == CheckStatus::fail; }
 };
 

@@ -22,6 +22,7 @@
 #include "golden/interrupt.hpp"
 #include "reference/budget_model.hpp"
 #include "reference/fp8_formats.hpp"
+#include "tools/judge/backend_run.hpp"
 
 extern char** environ;
 
@@ -105,6 +106,7 @@ struct ChildEnd {
     return fmt::format("ended with wait status {}", status);
   }
   bool ok() const { return !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  bool declined() const { return !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == kExecUnsupported; }
 };
 
 // Starts /bin/sh -c cmd as the leader of a new process group, with SIGINT/SIGTERM (and the other
@@ -268,6 +270,15 @@ BackendOutput read_output_file(const std::string& out, const CaseProblem& cp, bo
   });
 }
 
+// The last non-empty line the command printed (its reason for declining a case), at most 300 bytes.
+std::string last_line_of(const std::string& log) {
+  std::string t = tail_of(log);
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  const size_t nl = t.find_last_of('\n');
+  std::string line = nl == std::string::npos ? t : t.substr(nl + 1);
+  return line.size() > 300 ? line.substr(0, 300) + "..." : line;
+}
+
 std::string failure_text(const std::string& what, const std::string& cmd, const ChildEnd& end, const std::string& log) {
   const std::string tail = tail_of(log);
   return fmt::format("{}\n    command: /bin/sh -c {}\n    {} after {:.2f} s\n    output of the command (stdout and stderr, last {} bytes):{}",
@@ -345,6 +356,11 @@ BackendOutput run_exec_backend(const CaseProblem& cp, const std::string& backend
   }
   const std::string cmd = substituted(tmpl, case_file, out_file);
   const ChildEnd end = run_command(cmd, log);
+  if (end.declined()) {
+    const std::string why = last_line_of(log);
+    throw BackendUnsupported(cp.problem().source, "", fmt::format("the command declines this case (exit status {}){}",
+                                                                  kExecUnsupported, why.empty() ? "" : ": " + why));
+  }
   if (!end.ok()) throw ExecFailure(failure_text("the exec backend's command failed", cmd, end, log));
   try {
     BackendOutput r = read_output_file(out_file, cp, expert_outputs);

@@ -18,8 +18,10 @@
 //   5. <scratch>/out.h5 read and checked: exactly one group under /outputs, its datasets those
 //      of FORMAT.md's /outputs/<name> with the case's shapes (output [T, H] required), the
 //      attribute budget_model (optional) a known model name.
-// Any failure of steps 3-5 (non-zero exit, death by a signal, the timeout, no output file, a
-// malformed one) throws ExecFailure: the backend's failure, with the command, its exit status and
+// A command that exits with kExecUnsupported (77, the "skipped" of automake and ctest) declines
+// the case: BackendUnsupported (backend_run.hpp) with the last line it printed as the reason, no
+// verdict. Any other failure of steps 3-5 (non-zero exit, death by a signal, the timeout, no
+// output file, a malformed one) throws ExecFailure: the backend's failure, with the command, its exit status and
 // the last 4 KiB of what it printed. Bad option values (an empty CMD, no {out}) are InputError
 // naming --backend (exit 2).
 #pragma once
@@ -33,6 +35,8 @@
 #include "kernels/backend_output.hpp"
 
 namespace moecheck::judge {
+
+inline constexpr int kExecUnsupported = 77;  // exit status of a command that declines a case
 
 // The backend's failure (exit status, timeout, missing or malformed output): judged as a failure
 // of the thing checked, never as bad input. what(): several lines (command, status, output tail).
