@@ -43,6 +43,29 @@ __global__ void count_local_slots_kernel(const int32_t* __restrict__ ids, int64_
   }
 }
 
+// The last expert whose first tile (or row, with unit kTileM) is <= t: the one holding it, since
+// empty experts share the next one's start. Invariant: start[lo] <= t < start[local].
+__device__ __forceinline__ int32_t expert_at(const int32_t* start, int32_t local, int64_t t, int64_t unit) {
+  int32_t lo = 0, hi = local;
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (static_cast<int64_t>(start[mid]) * unit <= t) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// By the whole block, from the tile starts of every expert: tile_expert (-1 past the last tile)
+// and row_to_slot = -1 for the rows past the last tile.
+__device__ void write_tile_map(const int32_t* tile_start, int32_t local, int64_t max_tiles, int32_t* tile_expert,
+                               int32_t* row_to_slot) {
+  const int32_t tiles = tile_start[local];
+  for (int64_t t = threadIdx.x; t < max_tiles; t += blockDim.x)
+    tile_expert[t] = t < tiles ? expert_at(tile_start, local, t, 1) : -1;
+  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + threadIdx.x; r < max_tiles * kTileM; r += blockDim.x)
+    row_to_slot[r] = -1;
+}
+
 // Serial scan by thread 0 (E_local <= kMaxExperts: microseconds), then the tile map in parallel.
 __global__ void build_row_offsets_kernel(const int32_t* __restrict__ counts, int32_t local, int64_t max_tiles,
                                          int32_t* __restrict__ row_offset, int32_t* __restrict__ tile_expert,
@@ -61,22 +84,7 @@ __global__ void build_row_offsets_kernel(const int32_t* __restrict__ counts, int
     totals[1] = tiles;
   }
   __syncthreads();
-  const int32_t tiles = tile_start[local];
-  for (int64_t t = threadIdx.x; t < max_tiles; t += blockDim.x) {
-    int32_t e = -1;
-    if (t < tiles) {  // last expert whose first tile is <= t (empty experts share a start)
-      int32_t lo = 0, hi = local;  // invariant: tile_start[lo] <= t < tile_start[hi]
-      while (hi - lo > 1) {
-        const int32_t mid = (lo + hi) / 2;
-        if (tile_start[mid] <= t) lo = mid;
-        else hi = mid;
-      }
-      e = lo;
-    }
-    tile_expert[t] = e;
-  }
-  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + threadIdx.x; r < max_tiles * kTileM; r += blockDim.x)
-    row_to_slot[r] = -1;
+  write_tile_map(tile_start, local, max_tiles, tile_expert, row_to_slot);
 }
 
 __global__ void __launch_bounds__(kScatterThreads)
@@ -170,23 +178,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   __syncthreads();
 
-  // Tile map (as build_row_offsets_kernel) and unused rows past the last tile
+  write_tile_map(tile_start, local, max_tiles, tile_expert, row_to_slot);
   const int32_t tiles = tile_start[local];
-  for (int64_t t = tid; t < max_tiles; t += kFusedThreads) {
-    int32_t e = -1;
-    if (t < tiles) {
-      int32_t lo = 0, hi = local;  // invariant: tile_start[lo] <= t < tile_start[hi]
-      while (hi - lo > 1) {
-        const int32_t mid = (lo + hi) / 2;
-        if (tile_start[mid] <= t) lo = mid;
-        else hi = mid;
-      }
-      e = lo;
-    }
-    tile_expert[t] = e;
-  }
-  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + tid; r < max_tiles * kTileM; r += kFusedThreads)
-    row_to_slot[r] = -1;
 
   // Slots to rows, then each expert's padding rows
   if (tid < slots && expert_of[tid] >= 0) {
@@ -198,13 +191,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     row_to_slot[row] = tid;
   }
   for (int64_t r = tid; r < static_cast<int64_t>(tiles) * kTileM; r += kFusedThreads) {
-    int32_t lo = 0, hi = local;  // the last expert starting at or before r: the one holding it
-    while (hi - lo > 1) {
-      const int32_t mid = (lo + hi) / 2;
-      if (tile_start[mid] * kTileM <= r) lo = mid;
-      else hi = mid;
-    }
-    if (r - static_cast<int64_t>(tile_start[lo]) * kTileM >= count[lo]) row_to_slot[r] = -1;
+    const int32_t e = expert_at(tile_start, local, r, kTileM);
+    if (r - static_cast<int64_t>(tile_start[e]) * kTileM >= count[e]) row_to_slot[r] = -1;
   }
 }
 

@@ -363,18 +363,22 @@ TEST(GpuGemm, ExactSmallIntegersBitExact) {
 }
 
 // Realistic codes (N(0, 64^2) rounded to e4m3: the whole range, subnormals included) and
-// log-uniform block scales: the GPU must stay within the derived bound (gpu_test_support.cpp).
+// log-uniform block scales.
+GemmProblem realistic_problem(uint64_t seed, int64_t experts, int64_t n, int64_t k, std::vector<int32_t> tiles) {
+  GemmProblem p;
+  p.experts = experts, p.n = n, p.k = k;
+  p.tile_expert = std::move(tiles);
+  p.a = normal_codes(seed, 1, static_cast<size_t>(p.rows() * p.k), 64.0);
+  p.b = normal_codes(seed, 2, static_cast<size_t>(p.experts * p.n * p.k), 64.0);
+  p.sa = log_uniform_scales(seed, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -10, -2);
+  p.sb = log_uniform_scales(seed, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -14, -8);
+  return p;
+}
+
+// On realistic data the GPU must stay within the derived bound (gpu_test_support.cpp).
 TEST(GpuGemm, RealisticWithinDerivedBound) {
   MOECHECK_REQUIRE_GPU();
-  GemmProblem p;
-  p.experts = 2;
-  p.n = 384;
-  p.k = 1024;
-  p.tile_expert = {1, 0, 0, -1};
-  p.a = normal_codes(31, 1, static_cast<size_t>(p.rows() * p.k), 64.0);
-  p.b = normal_codes(31, 2, static_cast<size_t>(p.experts * p.n * p.k), 64.0);
-  p.sa = log_uniform_scales(31, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -10, -2);
-  p.sb = log_uniform_scales(31, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -14, -8);
+  const GemmProblem p = realistic_problem(31, 2, 384, 1024, {1, 0, 0, -1});
   for (auto out : {Precision::f32, Precision::bf16}) {
     CheckReport r;
     r.what = std::string("GEMM within bound, out ") + std::string(to_string(out));
@@ -419,15 +423,7 @@ TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
 // promoted by fl32(sa * sb) and one FFMA per block, blocks ascending (DEVICE-ALGORITHM.md §3).
 TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
   MOECHECK_REQUIRE_GPU();
-  GemmProblem p;
-  p.experts = 2;
-  p.n = 256;
-  p.k = 1024;
-  p.tile_expert = {1, 0, -1};
-  p.a = normal_codes(37, 1, static_cast<size_t>(p.rows() * p.k), 64.0);
-  p.b = normal_codes(37, 2, static_cast<size_t>(p.experts * p.n * p.k), 64.0);
-  p.sa = log_uniform_scales(37, 3, static_cast<size_t>(p.rows() * (p.k / 128)), -10, -2);
-  p.sb = log_uniform_scales(37, 4, static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), -14, -8);
+  const GemmProblem p = realistic_problem(37, 2, 256, 1024, {1, 0, -1});
   const std::vector<float> d = run_gemm(p, Precision::f32);
   const TensorCoreModel tc = TensorCoreModel::hopper_wgmma();
   const int64_t kb = p.k / 128;

@@ -44,6 +44,15 @@ CLI::Validator output_file();
 CLI::Validator budget_model_validator();
 // --exec-timeout S on a subcommand that takes exec:CMD backends (judge/exec_backend.hpp).
 void add_exec_timeout_option(CLI::App* sub);
+// A path in the source tree this binary was built from (the committed corpora's default
+// location: golden/cases, golden/bugs), or `rel` itself when the build did not record one.
+inline std::string source_tree_path(const std::string& rel) {
+#ifdef MOECHECK_SOURCE_DIR
+  return std::string(MOECHECK_SOURCE_DIR) + "/" + rel;
+#else
+  return rel;
+#endif
+}
 // counts and indices: at least `lo`.
 inline CLI::Validator at_least(int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); }
 

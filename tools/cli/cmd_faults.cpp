@@ -27,18 +27,6 @@ namespace moecheck::cli {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string default_bugs_dir() {
-#ifdef MOECHECK_SOURCE_DIR
-  return std::string(MOECHECK_SOURCE_DIR) + "/golden/bugs";
-#else
-  return "golden/bugs";
-#endif
-}
-
-}  // namespace
-
 void register_faults(CLI::App& app) {
   auto* sub = app.add_subcommand("faults", "per fault: what moecheck reports and which familiar checks miss it");
   struct Opts {
@@ -60,7 +48,7 @@ void register_faults(CLI::App& app) {
   add_exec_timeout_option(sub);
   set_runner(sub, [o]() {
     sweep::FaultsRequest q;
-    q.bugs_dir = o->bugs.empty() ? default_bugs_dir() : o->bugs;
+    q.bugs_dir = o->bugs.empty() ? source_tree_path("golden/bugs") : o->bugs;
     if (!o->bugs.empty() && !fs::is_directory(q.bugs_dir)) throw InputError(q.bugs_dir, "--bugs", "not a directory");
     q.cases = o->cases, q.seed = o->seed, q.exec = !o->backend.empty();
     // The rows: the correct backend, then one per fault, each with its name (the bug case's file name).

@@ -59,14 +59,6 @@ std::vector<std::string> split_csv(const std::string& s) {
   return v;
 }
 
-std::string default_golden_dir() {
-#ifdef MOECHECK_SOURCE_DIR
-  return std::string(MOECHECK_SOURCE_DIR) + "/golden/cases";
-#else
-  return "golden/cases";
-#endif
-}
-
 // The backend (default: cuda with a usable GPU, else emulated) and why; the presets and recipes
 // checked. InputError for what cannot run.
 sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
@@ -97,7 +89,7 @@ sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
   q.recipes = o.recipes;
   q.seed = o.seed;
   q.cases = o.cases, q.time = o.time, q.case_index = o.case_index;
-  q.golden_dir = o.no_golden ? "" : (o.golden.empty() ? default_golden_dir() : o.golden);
+  q.golden_dir = o.no_golden ? "" : (o.golden.empty() ? source_tree_path("golden/cases") : o.golden);
   q.golden_dir_required = !o.golden.empty();
   q.shrink = o.shrink, q.max_failures = o.max_failures, q.int32_threshold = o.int32_threshold;
   q.expert_outputs = !o.no_expert_outputs, q.allow_vacuous = o.allow_vacuous, q.verbose = o.verbose;
