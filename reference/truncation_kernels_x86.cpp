@@ -50,7 +50,7 @@ struct BlockScale {
   __m256d s, abs_s;  // s, |s|
   __m256d thr_mul;   // 256 (1 + 2^-22) / |s|: thresholds in units of dec
   __m256d sum_abs;   // 2^-134 |s|
-  __m256d bmax;      // |s| max |dec| over the block, per weight row (the drift D)
+  __m256d bmax[2];   // |s| max |dec| over the block, per weight row (the drift D), per quad of the call
 };
 
 // One input row's operands in a block: float rows af, hf, lf and the deviation sums dcum.
@@ -97,6 +97,19 @@ inline __m512 pair_load(const float* r0, const float* r1) {
 }
 inline __m512 pair_set(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
 inline __m512 both_halves(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+// The two forms of the pair kernels. Row pair (WP false): rows[0] in the low half, rows[1] in the
+// high half, one quad of weight rows w[0..3] in both. Weight pair (WP true): one input row in
+// both halves (rows[0] = rows[1]), the quad w[0..3] in the low half and a second quad w[4..7] in
+// the high one, so that a row left over from the pairs still fills the register. Either way each
+// half sees one (row, quad) and performs the AVX2 form's lane operations on it.
+template <bool WP>
+inline __m512 row_operand(const float* r0, const float* r1) {
+  return WP ? both_halves(r0) : pair_load(r0, r1);
+}
+template <bool WP>
+inline __m512 weight_operand(const float* const* w, int q, int64_t k) {
+  return WP ? pair_load(w[q] + k, w[4 + q] + k) : both_halves(w[q] + k);
+}
 // hsum4 / hmax4 / hsum4i on both halves: per half its two 128-bit lanes combined, then two
 // pairwise steps ([x0 + x1, x2 + x3, y0 + y1, y2 + y3] per 128-bit lane, as _mm_hadd_ps). Row 0's
 // four results end in 128-bit lane 0, row 1's in lane 2.
@@ -133,7 +146,8 @@ inline __m128i half_of(__m512i x, int r) {
   return r ? _mm512_extracti32x4_epi32(x, 2) : _mm512_castsi512_si128(x);
 }
 
-// Step 1, two rows with codes (chunk_pass with exact rows).
+// Step 1, two rows with codes (chunk_pass with exact rows), or one row and two quads (WP).
+template <bool WP>
 inline void chunk_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
                             const float* const* maga, const BlockScale& bs, bool with_abs) {
   const __m256d mrel = _mm256_set1_pd(kMaxRel), mabs = _mm256_set1_pd(kAbs);
@@ -145,11 +159,12 @@ inline void chunk_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPt
     __m512 mx[4], dt[4], ab[4], fm[4];
     for (int i = 0; i < 4; ++i) {
       const int64_t ki = k + 8 * i;
-      const __m512 h = pair_load(rows[0].hf + ki, rows[1].hf + ki), x = pair_load(rows[0].af + ki, rows[1].af + ki);
-      const __m512 f = pair_load(rows[0].field + ki, rows[1].field + ki);
-      const __m512 y = with_abs ? pair_load(rows[0].in + ki, rows[1].in + ki) : zero;
+      const __m512 h = row_operand<WP>(rows[0].hf + ki, rows[1].hf + ki);
+      const __m512 x = row_operand<WP>(rows[0].af + ki, rows[1].af + ki);
+      const __m512 f = row_operand<WP>(rows[0].field + ki, rows[1].field + ki);
+      const __m512 y = with_abs ? row_operand<WP>(rows[0].in + ki, rows[1].in + ki) : zero;
       for (int q = 0; q < 4; ++q) {
-        const __m512 u = both_halves(maga[q] + ki), v = both_halves(dec[q] + ki);
+        const __m512 u = weight_operand<WP>(maga, q, ki), v = weight_operand<WP>(dec, q, ki);
         const __m512 fw = _mm512_maskz_and_ps(_mm512_cmp_ps_mask(u, u, _CMP_ORD_Q), u, fexp);
         const __m512 hu = _mm512_mul_ps(h, u), ff = _mm512_mul_ps(f, fw), av = _mm512_and_ps(v, fabsmask);
         if (i == 0) {
@@ -174,6 +189,7 @@ inline void chunk_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPt
 
 // Step 4, two rows with codes (count_pass with exact rows): a row whose block has unknown codes
 // takes the unknown-term form in its half.
+template <bool WP>
 inline void count_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPtrs* rows, const float* const* dec,
                             const float* const* mag) {
   const __m512 fabsmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
@@ -193,9 +209,10 @@ inline void count_pass_pair(BlockChunks<2>& st, int nch, int64_t k0, const RowPt
     for (int q = 0; q < 4; ++q) cnt[q] = _mm512_setzero_si512(), ls[q] = _mm512_setzero_ps();
     for (int i = 0; i < 4; ++i) {
       const int64_t ki = k + 8 * i;
-      const __m512 l = pair_load(rows[0].lf + ki, rows[1].lf + ki), cd = pair_load(rows[0].code + ki, rows[1].code + ki);
+      const __m512 l = row_operand<WP>(rows[0].lf + ki, rows[1].lf + ki);
+      const __m512 cd = row_operand<WP>(rows[0].code + ki, rows[1].code + ki);
       for (int q = 0; q < 4; ++q) {
-        const __m512 u = both_halves(mag[q] + ki), v = both_halves(dec[q] + ki);
+        const __m512 u = weight_operand<WP>(mag, q, ki), v = weight_operand<WP>(dec, q, ki);
         const __mmask16 low = _mm512_cmp_ps_mask(_mm512_mul_ps(l, u), t[q], _CMP_LT_OQ);
         cnt[q] = _mm512_mask_add_epi32(cnt[q], low, cnt[q], one);
         const __m512 p = _mm512_mul_ps(cd, v);
@@ -283,7 +300,7 @@ inline void prefix_pass(BlockChunks<NR>& st, int nch, __m256d g1, const RowPtrs*
     for (int j = 0; j < nch; ++j) {
       S = _mm256_add_pd(S, st.Q[r][j]);
       Dl = _mm256_add_pd(Dl, _mm256_fmadd_pd(st.mh[r][j], srel, bs.sum_abs));
-      const __m256d D = _mm256_mul_pd(_mm256_set1_pd(rows[r].dc[j]), bs.bmax);
+      const __m256d D = _mm256_mul_pd(_mm256_set1_pd(rows[r].dc[j]), bs.bmax[r]);
       st.P[r][j] = prev;
       st.U[r][j] = _mm256_and_pd(_mm256_mul_pd(g1, _mm256_and_pd(S, absmask)), expmask);  // 2^(1-p) pow2_floor |S_j|
       st.Q[r][j] = _mm256_add_pd(_mm256_add_pd(_mm256_and_pd(S, absmask), Dl), D);
@@ -450,14 +467,14 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
   if (!pair) chunk_pass(st, nch, k0, rows, dec, maga, bs, any_exact, with_abs);
 #ifdef MOECHECK_TRUNC_AVX512
   if constexpr (NR == 2)
-    if (pair) chunk_pass_pair(st, nch, k0, rows, dec, maga, bs, with_abs);
+    if (pair) chunk_pass_pair<false>(st, nch, k0, rows, dec, maga, bs, with_abs);
 #endif
   prefix_pass(st, nch, g1, rows, bs);
   grid_pass(st, nch, g1, r1, rows, bs);
   if (!pair) count_pass(st, nch, k0, rows, dec, mag, any_exact);
 #ifdef MOECHECK_TRUNC_AVX512
   if constexpr (NR == 2)
-    if (pair) count_pass_pair(st, nch, k0, rows, dec, mag);
+    if (pair) count_pass_pair<false>(st, nch, k0, rows, dec, mag);
 #endif
   error_pass(st, nch, g1, r1, rows, bs, out, var_out);
   if (with_abs) {
@@ -465,6 +482,30 @@ inline void block4(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs* r
     for (int r = 0; r < NR; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, st.absum[r]), rel, uf);
   }
 }
+
+#ifdef MOECHECK_TRUNC_AVX512
+// E_b of one block for one input row with codes against eight weight rows (dec[0..7]: two quads,
+// bs.bmax[q] the quad's drift): block4<1> for each quad, bit for bit, in one pass of the pair
+// kernels (weight pair form). Slot q of out, abs_out and var_out is quad q.
+inline void block8_row(int nch, int64_t k0, __m256d g1, __m256d r1, const RowPtrs& row, const float* const* dec,
+                       const float* const* mag, const float* const* maga, const BlockScale& bs, __m256d* out,
+                       __m256d* abs_out, __m256d* var_out) {
+  BlockChunks<2> st;
+  const RowPtrs rows[2] = {row, row};
+  st.exact[0] = st.exact[1] = true;
+  const bool with_abs = row.in != nullptr;
+  for (int r = 0; r < 2; ++r) st.absum[r] = _mm256_setzero_pd();
+  chunk_pass_pair<true>(st, nch, k0, rows, dec, maga, bs, with_abs);
+  prefix_pass(st, nch, g1, rows, bs);
+  grid_pass(st, nch, g1, r1, rows, bs);
+  count_pass_pair<true>(st, nch, k0, rows, dec, mag);
+  error_pass(st, nch, g1, r1, rows, bs, out, var_out);
+  if (with_abs) {
+    const __m256d rel = _mm256_set1_pd(1 + 0x1p-20), uf = _mm256_mul_pd(bs.abs_s, _mm256_set1_pd(nch * 0x1p-144));
+    for (int r = 0; r < 2; ++r) abs_out[r] = _mm256_fmadd_pd(_mm256_mul_pd(bs.abs_s, st.absum[r]), rel, uf);
+  }
+}
+#endif
 }  // namespace
 #endif
 
@@ -501,56 +542,88 @@ int64_t panel_f32_x86(const ChunkLayout& L, double g1, double r1, const float* a
     };
     // Block-major: one block of four weight rows (4 KiB at 128 columns) stays in L1 while every
     // input row passes over it.
-    for (; o_done + 4 <= nr; o_done += 4) {
-      const float* dq[4];
-      const float* mq[4];
-      const float* aq[4];
-      for (int q = 0; q < 4; ++q)
+    // With an odd number of input rows and the AVX-512 form, eight weight rows (two quads) at a
+    // time: the rows left over from the pairs then take the weight pair form (block8_row).
+#ifdef MOECHECK_TRUNC_AVX512
+    const bool octets = wide && n % 2 == 1;
+#else
+    const bool octets = false;
+#endif
+    tot.resize(size_t(n * 8)), tabs.resize(size_t(n * 8)), tvar.resize(var ? size_t(n * 8) : 0);
+    while (o_done + 4 <= nr) {
+      const int nq = octets && o_done + 8 <= nr ? 2 : 1;  // quads of weight rows in this step
+      const float* dq[8];
+      const float* mq[8];
+      const float* aq[8];
+      for (int q = 0; q < 4 * nq; ++q)
         dq[q] = dec + (o_done + q) * ldw, mq[q] = mag + (o_done + q) * ldw, aq[q] = maga + (o_done + q) * ldw;
       std::fill(tot.begin(), tot.end(), 0.0);
       std::fill(tabs.begin(), tabs.end(), 0.0);
       std::fill(tvar.begin(), tvar.end(), 0.0);
+      // Per (quad, row) the four sums of E_b, the magnitude sums and the variances.
+      auto slot = [&](int qd, int64_t r) { return size_t(4 * (qd * n + r)); };
+      auto add = [&](int qd, int64_t r, __m256d e, __m256d ab, __m256d v) {
+        add4(&tot[slot(qd, r)], e);
+        if (in) add4(&tabs[slot(qd, r)], ab);
+        if (var) add4(&tvar[slot(qd, r)], v);
+      };
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t c0 = bfirst[b], k0 = L.start[c0];
         const int nch = int(bfirst[b + 1] - c0);
         const double s = scale[b], as = std::fabs(s);
         BlockScale bs{_mm256_set1_pd(s), _mm256_set1_pd(as), _mm256_set1_pd(256 * kMaxRel / as),
-                      _mm256_set1_pd(kSumAbs * as),
-                      _mm256_mul_pd(_mm256_set1_pd(as), _mm256_setr_pd(bmx[size_t(o_done * nb + b)],
-                                                                        bmx[size_t((o_done + 1) * nb + b)],
-                                                                        bmx[size_t((o_done + 2) * nb + b)],
-                                                                        bmx[size_t((o_done + 3) * nb + b)]))};
-        int64_t r = 0;
-        for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
-          const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
-          __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()}, v[2];
-          block4<2>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr, wide);
-          for (int i = 0; i < 2; ++i) {
-            add4(&tot[size_t(4 * (r + i))], e[i]);
-            if (in) add4(&tabs[size_t(4 * (r + i))], ab[i]);
-            if (var) add4(&tvar[size_t(4 * (r + i))], v[i]);
+                      _mm256_set1_pd(kSumAbs * as), {}};
+        __m256d quad_bmax[2];
+        for (int qd = 0; qd < nq; ++qd) {
+          const int64_t o = o_done + 4 * qd;
+          quad_bmax[qd] = _mm256_mul_pd(_mm256_set1_pd(as), _mm256_setr_pd(bmx[size_t(o * nb + b)],
+                                                                           bmx[size_t((o + 1) * nb + b)],
+                                                                           bmx[size_t((o + 2) * nb + b)],
+                                                                           bmx[size_t((o + 3) * nb + b)]));
+        }
+        for (int qd = 0; qd < nq; ++qd) {
+          bs.bmax[0] = bs.bmax[1] = quad_bmax[qd];
+          int64_t r = 0;
+          for (; r + 2 <= n; r += 2) {  // two input rows share the weight loads and interleave their chains
+            const RowPtrs rp[2] = {row(r, c0), row(r + 1, c0)};
+            __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()}, v[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+            block4<2>(nch, k0, vg1, vr1, rp, dq + 4 * qd, mq + 4 * qd, aq + 4 * qd, bs, e, ab, var ? v : nullptr, wide);
+            for (int i = 0; i < 2; ++i) add(qd, r + i, e[i], ab[i], v[i]);
           }
         }
-        if (r < n) {
-          const RowPtrs rp[1] = {row(r, c0)};
-          __m256d e[1], ab[1] = {_mm256_setzero_pd()}, v[1];
-          block4<1>(nch, k0, vg1, vr1, rp, dq, mq, aq, bs, e, ab, var ? v : nullptr, wide);
-          add4(&tot[size_t(4 * r)], e[0]);
-          if (in) add4(&tabs[size_t(4 * r)], ab[0]);
-          if (var) add4(&tvar[size_t(4 * r)], v[0]);
+        if (n % 2 == 0) continue;
+        const int64_t r = n - 1;
+        const RowPtrs rp[1] = {row(r, c0)};
+#ifdef MOECHECK_TRUNC_AVX512
+        if (nq == 2 && var && rp[0].code && rp[0].cs > 0) {  // block4<1> on each quad, in one pass
+          bs.bmax[0] = quad_bmax[0], bs.bmax[1] = quad_bmax[1];
+          __m256d e[2], ab[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()}, v[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+          block8_row(nch, k0, vg1, vr1, rp[0], dq, mq, aq, bs, e, ab, v);
+          for (int qd = 0; qd < 2; ++qd) add(qd, r, e[qd], ab[qd], v[qd]);
+          continue;
+        }
+#endif
+        for (int qd = 0; qd < nq; ++qd) {
+          bs.bmax[0] = bs.bmax[1] = quad_bmax[qd];
+          __m256d e[1], ab[1] = {_mm256_setzero_pd()}, v[1] = {_mm256_setzero_pd()};
+          block4<1>(nch, k0, vg1, vr1, rp, dq + 4 * qd, mq + 4 * qd, aq + 4 * qd, bs, e, ab, var ? v : nullptr, wide);
+          add(qd, r, e[0], ab[0], v[0]);
         }
       }
-      for (int64_t r = 0; r < n; ++r) {
-        const __m256d res = _mm256_loadu_pd(&tot[size_t(4 * r)]);
-        _mm256_storeu_pd(err + r * lderr + o_done, res);
-        finite &= all_finite4(res);
-        if (var) _mm256_storeu_pd(var + r * lderr + o_done, _mm256_loadu_pd(&tvar[size_t(4 * r)]));
-        if (in) {
-          const __m256d ab = _mm256_loadu_pd(&tabs[size_t(4 * r)]);
-          _mm256_storeu_pd(abs_out + r * lderr + o_done, ab);
-          finite &= all_finite4(ab);
+      for (int qd = 0; qd < nq; ++qd)
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t o = o_done + 4 * qd;
+          const __m256d res = _mm256_loadu_pd(&tot[slot(qd, r)]);
+          _mm256_storeu_pd(err + r * lderr + o, res);
+          finite &= all_finite4(res);
+          if (var) _mm256_storeu_pd(var + r * lderr + o, _mm256_loadu_pd(&tvar[slot(qd, r)]));
+          if (in) {
+            const __m256d ab = _mm256_loadu_pd(&tabs[slot(qd, r)]);
+            _mm256_storeu_pd(abs_out + r * lderr + o, ab);
+            finite &= all_finite4(ab);
+          }
         }
-      }
+      o_done += 4 * nq;
     }
   }
 #else
