@@ -175,11 +175,8 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     const int64_t block_end = std::min(N, (r0 / B + 1) * B);
     const int64_t nr = std::min(kPanelRows, block_end - r0);
     WeightPanelOut dst{panel.data(), ex.n_abs && !fuse_abs ? abs_panel->data() : nullptr};
-    if (f32) dst.dec = f32->dec, dst.mag = f32->mag;
+    if (f32) dst.dec = f32->dec, dst.mag = f32->mag, dst.maga = f32->maga;
     dequant_panel(codes, scales, K, B, r0, nr, dst, lut);
-    if (f32)
-      for (int64_t i = 0; i < nr * K; ++i)
-        f32->maga[i] = std::isnan(f32->mag[i]) ? f32->mag[i] : std::max(f32->mag[i], float(kSubnormalAlign));
     ConstRowMap w(panel.data(), nr, K);
     out.middleCols(r0, nr).noalias() = a * w.transpose();
     if (ex.sq.in) {

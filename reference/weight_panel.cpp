@@ -1,6 +1,7 @@
 // FP8 weight panels decoded for the reference's GEMMs (contract: weight_panel.hpp).
 #include "reference/weight_panel.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "reference/fp8_quant.hpp"
@@ -13,6 +14,8 @@
 namespace moecheck {
 
 namespace {
+
+constexpr float kSubnormalAlign = 0x1p-6f;  // the alignment magnitude of every e4m3 subnormal code
 
 #ifdef MOECHECK_PANEL_AVX2
 // Eight e4m3 codes to float, by arithmetic instead of a table: the magnitude bits placed at the
@@ -31,10 +34,10 @@ inline __m256 decode8(const uint8_t* q) {
 // One row segment [k0, k1) of a block column with scale s, eight codes at a time (the tail by
 // the tables).
 void segment_avx2(const uint8_t* q, int64_t k0, int64_t k1, float s, double* o, double* oa, float* dec, float* mag,
-                  const double* l, const float* lf) {
+                  float* maga, const double* l, const float* lf) {
   const __m256d sd = _mm256_set1_pd(double(s));
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 nan = _mm256_set1_ps(NAN);
+  const __m256 nan = _mm256_set1_ps(NAN), sub = _mm256_set1_ps(kSubnormalAlign);
   int64_t k = k0;
   for (; k + 8 <= k1; k += 8) {
     const __m256 d = decode8(q + k);
@@ -50,20 +53,27 @@ void segment_avx2(const uint8_t* q, int64_t k0, int64_t k1, float s, double* o, 
     if (dec) {
       _mm256_storeu_ps(dec + k, d);
       // |dec|, NaN where dec is zero (and where it is NaN already)
-      const __m256 a = _mm256_and_ps(d, absmask);
-      _mm256_storeu_ps(mag + k, _mm256_blendv_ps(a, nan, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+      const __m256 a = _mm256_and_ps(d, absmask), zero = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_EQ_OQ);
+      _mm256_storeu_ps(mag + k, _mm256_blendv_ps(a, nan, zero));
+      // max(2^-6, a) takes its second operand where one is NaN: a NaN code's |dec| stays
+      if (maga) _mm256_storeu_ps(maga + k, _mm256_blendv_ps(_mm256_max_ps(sub, a), nan, zero));
     }
   }
   for (; k < k1; ++k) {
     o[k] = l[q[k]];
     if (oa) oa[k] = l[256 + q[k]];
     if (dec) dec[k] = lf[q[k]], mag[k] = lf[256 + q[k]];
+    if (maga) maga[k] = lf[512 + q[k]];
   }
 }
 #endif
 
 // The float operands of one code (weight_panel.hpp).
 float code_mag(float d) { return d != 0 ? std::fabs(d) : NAN; }
+float code_maga(float d) {
+  const float m = code_mag(d);
+  return std::isnan(m) ? m : std::max(m, kSubnormalAlign);
+}
 
 }  // namespace
 
@@ -85,24 +95,26 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
     const double s = srow[c];
     for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s, lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
   }
-  float ftab[512];  // dec, then mag, per code
-  for (int i = 0; i < 256; ++i) ftab[i] = table[i], ftab[256 + i] = code_mag(table[i]);
+  float ftab[768];  // dec, then mag, then maga, per code
+  for (int i = 0; i < 256; ++i) ftab[i] = table[i], ftab[256 + i] = code_mag(table[i]), ftab[512 + i] = code_maga(table[i]);
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* q = codes + (r0 + r) * K;
     double* o = out.w + r * K;
     double* oa = out.wabs ? out.wabs + r * K : nullptr;
     float* dec = out.dec ? out.dec + r * K : nullptr;
     float* mag = out.dec ? out.mag + r * K : nullptr;
+    float* maga = out.dec && out.maga ? out.maga + r * K : nullptr;
     for (int64_t c = 0; c < kb; ++c) {
       const double* l = lut.data() + c * 512;
       const int64_t k0 = c * B, k1 = std::min(K, (c + 1) * B);
 #ifdef MOECHECK_PANEL_AVX2
-      segment_avx2(q, k0, k1, srow[c], o, oa, dec, mag, l, ftab);
+      segment_avx2(q, k0, k1, srow[c], o, oa, dec, mag, maga, l, ftab);
 #else
       for (int64_t k = k0; k < k1; ++k) {
         o[k] = l[q[k]];
         if (oa) oa[k] = l[256 + q[k]];
         if (dec) dec[k] = ftab[q[k]], mag[k] = ftab[256 + q[k]];
+        if (maga) maga[k] = ftab[512 + q[k]];
       }
 #endif
     }

@@ -1,10 +1,12 @@
 // FP8 weight panel decoding (reference/weight_panel.hpp): every code under scales that reach the
 // corners of the formats (float subnormal, tiny, huge, zero, negative, NaN, inf), checked value
-// by value against decode(q) * s and the float operands dec = decode(q), mag = |dec| or NaN. Runs
+// by value against decode(q) * s and the float operands dec = decode(q), mag = |dec| or NaN and
+// maga = max(|dec|, 2^-6) or NaN (as moe_forward computed it before the panel did). Runs
 // whichever form this build compiled (the AVX2 decode on machines that have it, the table else),
 // with K not a multiple of 8 so that the tail path is covered as well.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -27,21 +29,23 @@ TEST(WeightPanel, EveryCodeUnderEveryScaleMatchesTheScalarDefinition) {
   std::vector<uint8_t> codes(N * K);
   for (int64_t i = 0; i < N * K; ++i) codes[i] = uint8_t((i * 37 + i / 256) & 0xFF);  // all 256 codes in each block column
   std::vector<double> w(N * K), wa(N * K), lut;
-  std::vector<float> dec(N * K), mag(N * K);
+  std::vector<float> dec(N * K), mag(N * K), maga(N * K);
   int checked = 0;
   for (float s0 : scale_set)
     for (float s1 : scale_set) {
       const std::vector<float> scales = {s0, s1, s0 == s1 ? 1.0f : s0};  // [1, 3]: one block row
-      dequant_panel(codes.data(), scales.data(), K, B, 0, N, {w.data(), wa.data(), dec.data(), mag.data()}, lut);
+      dequant_panel(codes.data(), scales.data(), K, B, 0, N, {w.data(), wa.data(), dec.data(), mag.data(), maga.data()}, lut);
       for (int64_t r = 0; r < N; ++r)
         for (int64_t k = 0; k < K; ++k) {
           const int64_t i = r * K + k;
           const double want = double(e4m3_decode(codes[i])) * double(scales[k / B]);
           const float d = e4m3_decode(codes[i]), m = d != 0 ? std::fabs(d) : NAN;
+          const float ma = std::isnan(m) ? m : std::max(m, 0x1p-6f);
           ASSERT_TRUE(same(w[i], want)) << "code " << int(codes[i]) << " scale " << scales[k / B] << ": " << w[i];
           ASSERT_TRUE(same(wa[i], std::fabs(want))) << "code " << int(codes[i]) << " scale " << scales[k / B];
           ASSERT_TRUE(same(dec[i], d)) << "code " << int(codes[i]) << ": " << dec[i];
           ASSERT_TRUE(same(mag[i], m)) << "code " << int(codes[i]) << ": " << mag[i];
+          ASSERT_TRUE(same(maga[i], ma)) << "code " << int(codes[i]) << ": " << maga[i];
           ++checked;
         }
     }
