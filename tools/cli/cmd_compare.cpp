@@ -4,31 +4,61 @@
 // (reference/BUDGETS.md). Exit 0 when every judged output is within budget, 1 when one is not,
 // 2 for bad input.
 //
-// Each output is judged with the budget model of the backend that made it (its budget_model
-// attribute, else by its backend attribute: reference/budget_model.hpp), or the one given with
-// --budget-model. The quantized-tier reference of a model is computed once per model, or taken
-// from /reference/quantized when its input hash and budget model match the case. --junit writes
+// The judgement is judge::judge_recorded_outputs (tools/judge/recorded_outputs.hpp): each output
+// with the budget model of the backend that made it (its budget_model attribute, else by its
+// backend attribute: reference/budget_model.hpp), or the one given with --budget-model; the
+// quantized-tier reference computed once per model, or taken from /reference/quantized when its
+// input hash and budget model match the case. --junit writes
 // one testsuite (the case) with one testcase per judged output: a failure's message is
 // failure_reason (case_check.hpp), its text the terminal report of that output; a vacuous output
 // that does not fail is "skipped" with its power line.
 #include <chrono>
 #include <fmt/format.h>
 #include <iostream>
-#include <map>
 #include <sstream>
 
 #include "golden/case_problem.hpp"
 #include "reference/moe_compare.hpp"
 #include "tools/cli/cli_common.hpp"
-#include "tools/judge/backend_run.hpp"
 #include "tools/judge/case_check.hpp"
-#include "tools/judge/reference_store.hpp"
+#include "tools/judge/recorded_outputs.hpp"
 #include "tools/report/report.hpp"
 #include "tools/sweep/junit.hpp"
 
 namespace moecheck::cli {
 
 namespace {
+struct Opts {
+  std::string path, output, tier = "quantized", json, html, junit, model;
+  bool all = false, quiet = false, allow_vacuous = false, requant_test = false;
+};
+
+// What the command line asks of the judgement: a stored reference is reused when it matches.
+judge::RecordedOptions recorded_options(const Opts& o) {
+  judge::RecordedOptions r;
+  r.output = o.output;
+  r.budget_model = o.model;
+  r.reference = {.tier = o.tier == "ideal" ? Tier::ideal : Tier::quantized,
+                 .reuse_stored = true,
+                 .requant_test = o.requant_test,
+                 .progress = !o.quiet};
+  r.allow_vacuous = o.allow_vacuous;
+  return r;
+}
+
+// What every report names: the case, its config, the tier, the budget models and the outputs.
+report::ReportContext report_context(const Opts& o, const CaseProblem& cp, const judge::RecordedJudgement& j) {
+  report::ReportContext ctx;
+  ctx.case_path = o.path;
+  ctx.config = report::config_summary(cp.config(), cp.tokens());
+  ctx.tier = o.tier;
+  for (const BudgetModel& m : j.models)
+    ctx.budget_model += (ctx.budget_model.empty() ? "" : "; ") + report::describe_budget_model(m);
+  ctx.reference_seconds = j.reference_seconds;
+  for (const auto& v : j.outputs) ctx.data.push_back({std::span<const float>(v)});
+  return ctx;
+}
+
 // The JUnit record of a compare run: the case a suite, each judged output a testcase.
 sweep::JunitSuite junit_suite(const report::ReportContext& ctx, const std::vector<CompareResult>& results, double seconds) {
   sweep::JunitSuite suite{.name = "moecheck compare " + ctx.case_path, .cases = {}};
@@ -55,10 +85,6 @@ sweep::JunitSuite junit_suite(const report::ReportContext& ctx, const std::vecto
 
 void register_compare(CLI::App& app) {
   auto* sub = app.add_subcommand("compare", "judge recorded outputs against the float64 reference and its budgets");
-  struct Opts {
-    std::string path, output, tier = "quantized", json, html, junit, model;
-    bool all = false, quiet = false, allow_vacuous = false, requant_test = false;
-  };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "case file")->required();
   auto* one = sub->add_option("--output", o->output, "judge only /outputs/NAME");
@@ -79,66 +105,10 @@ void register_compare(CLI::App& app) {
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
-    const CaseReader& r = cp.reader();
-    std::vector<OutputInfo> outputs = r.outputs();
-    if (!o->output.empty()) {
-      std::erase_if(outputs, [&](const OutputInfo& x) { return x.name != o->output; });
-      if (outputs.empty()) throw InputError(r.path(), "/outputs/" + o->output, "no such output in the case");
-    }
-    if (outputs.empty())
-      throw InputError(r.path(), "/outputs", "the case holds no recorded output (record one with moecheck run)");
-
-    // One reference per budget model.
-    std::map<std::string, std::vector<size_t>> by_model;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      const std::string m = o->model.empty() ? budget_model_of_output(outputs[i].attributes) : o->model;
-      // A stored name we do not know is an input error.
-      parse_budget_model(m, r.path(), "/outputs/" + outputs[i].name + "@budget_model");
-      by_model[m].push_back(i);
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    const CaseProblem::InputHashes hashes = cp.input_hashes();
-    const std::string& hash = hashes.combined;
-    for (const OutputInfo& out : outputs) judge::check_input_hashes(hashes, out, r.path());
-    std::vector<CompareResult> results(outputs.size());
-    std::vector<std::vector<float>> observed(outputs.size());
-    std::string models;
-    double ref_seconds = 0;
-    for (const auto& [model_name, idx] : by_model) {
-      const auto tr = std::chrono::steady_clock::now();
-      bool reused = false;
-      ForwardResult ref;
-      if (o->tier == "ideal") {
-        const BudgetModel m = parse_budget_model(model_name);
-        ref = judge::ideal_judging_reference(cp, m);  // slot outputs are not judged in this tier
-      } else {
-        ref = judge::quantized_reference(cp, hash, model_name, !o->quiet, &reused, o->requant_test);
-      }
-      ref_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tr).count();
-      if (!o->quiet)
-        std::cerr << fmt::format("moecheck: reference ({}, budget model {}) {}\n", o->tier, model_name,
-                                 reused ? "reused from /reference/quantized" : "computed");
-      CompareOptions copt;
-      copt.model = parse_budget_model(model_name);
-      copt.allow_vacuous = o->allow_vacuous;
-      copt.requant_test = o->requant_test;
-      models += (models.empty() ? "" : "; ") + report::describe_budget_model(copt.model);
-      for (size_t i : idx) {
-        Observation obs = judge::observation_of(outputs[i].name, r.read_output(outputs[i].name));
-        if (o->tier == "ideal") obs.expert_outputs.clear();
-        if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
-          throw InputError(r.path(), "/outputs/" + outputs[i].name + "/output", "shape does not match [T, H]");
-        results[i] = compare_output(cp.problem(), ref, obs, copt);
-        observed[i] = std::move(obs.output);
-      }
-    }
-    report::ReportContext ctx;
-    ctx.case_path = o->path;
-    ctx.config = report::config_summary(cp.config(), cp.tokens());
-    ctx.tier = o->tier;
-    ctx.budget_model = models;
-    ctx.reference_seconds = ref_seconds;
-    for (const auto& v : observed) ctx.data.push_back({std::span<const float>(v)});
+    const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o));
+    const std::vector<CompareResult>& results = j.results;
+    const report::ReportContext ctx = report_context(*o, cp, j);
     report::TextOptions topt;
     topt.color = report::color_wanted(1);
     report::write_text(std::cout, ctx, results, topt);
@@ -152,7 +122,7 @@ void register_compare(CLI::App& app) {
     if (!o->quiet)
       std::cerr << fmt::format("moecheck: compare took {:.2f} s (reference {:.2f} s)\n",
                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                               ref_seconds);
+                               j.reference_seconds);
     return report::totals(results).pass() ? kExitOk : kExitCheckFailed;
   });
 }

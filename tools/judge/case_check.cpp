@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <fmt/format.h>
-#include <map>
 #include <stdexcept>
 
 #include "reference/budget_model.hpp"
@@ -11,6 +10,7 @@
 #include "reference/fp8_formats.hpp"
 #include "tools/judge/backend_run.hpp"
 #include "tools/judge/exec_backend.hpp"
+#include "tools/judge/recorded_outputs.hpp"
 
 namespace moecheck::judge {
 
@@ -145,76 +145,59 @@ CheckOutcome input_error_outcome(const InputError& e) {
   return o;
 }
 
+// Runs opt.backend on the case and judges its output with the model the command line names,
+// else the one the run asks for (an exec:CMD output's budget_model attribute), else the
+// backend's default. A backend that cannot run here at all (unknown name, no GPU) is a usage
+// problem (rethrown); one that declines the case leaves it unsupported; any other failure on a
+// case the reader accepted is the backend's failure.
+void judge_backend_run(const CaseProblem& cp, const CheckOptions& opt, CheckOutcome& out) {
+  try {
+    out.run = run_backend(cp, opt.backend, opt.expert_outputs, opt.int32_threshold);
+  } catch (const BackendUnsupported& e) {
+    out.status = CheckStatus::unsupported;
+    out.reason = e.rule();  // without the file: the same reason for every case it applies to
+    return;
+  } catch (const InputError& e) {
+    if (e.where() == "--backend") throw;
+    out.status = CheckStatus::fail;
+    out.reason = fmt::format("{}: the backend refused a valid case: {}", opt.backend, e.what());
+    return;
+  } catch (const std::exception& e) {
+    out.status = CheckStatus::fail;
+    out.reason = fmt::format("{}: the backend failed: {}", opt.backend, e.what());
+    return;
+  }
+  const std::string model = !opt.budget_model.empty()     ? opt.budget_model
+                            : !out.run->budget_model.empty() ? out.run->budget_model
+                                                             : default_budget_model(opt.backend);
+  CompareOptions copt;
+  copt.model = parse_budget_model(model);
+  copt.keep_ratios = opt.keep_ratios;
+  copt.allow_vacuous = opt.allow_vacuous;
+  const ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{});
+  out.results.push_back(compare_output(cp.problem(), ref, observation_of(*out.run), copt));
+  out.budget_models.push_back(model);
+}
+
+// The recorded outputs opt selects, judged as compare judges them (recorded_outputs.hpp).
+void judge_recorded(const CaseProblem& cp, const CheckOptions& opt, CheckOutcome& out) {
+  RecordedOptions ropt;
+  ropt.output = opt.output;
+  ropt.budget_model = opt.budget_model;
+  ropt.keep_ratios = opt.keep_ratios;
+  ropt.allow_vacuous = opt.allow_vacuous;
+  RecordedJudgement j = judge_recorded_outputs(cp, ropt);
+  out.results = std::move(j.results);
+  out.budget_models = std::move(j.budget_models);
+}
+
 CheckOutcome judge_problem(const CaseProblem& cp, const CheckOptions& opt) {
   CheckOutcome out;
   const auto t0 = std::chrono::steady_clock::now();
-  const CaseReader& rd = cp.reader();
-  struct Item {
-    std::string name, model;
-    Observation obs;
-  };
-  std::vector<Item> items;
-  if (!opt.backend.empty()) {
-    // A backend that cannot run here at all (unknown name, no GPU) is a usage problem; any other
-    // failure of the backend on a case the reader accepted is the backend's failure.
-    try {
-      out.run = run_backend(cp, opt.backend, opt.expert_outputs, opt.int32_threshold);
-    } catch (const BackendUnsupported& e) {
-      out.status = CheckStatus::unsupported;
-      out.reason = e.rule();  // without the file: the same reason for every case it applies to
-      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return out;
-    } catch (const InputError& e) {
-      if (e.where() == "--backend") throw;
-      out.status = CheckStatus::fail;
-      out.reason = fmt::format("{}: the backend refused a valid case: {}", opt.backend, e.what());
-    } catch (const std::exception& e) {
-      out.status = CheckStatus::fail;
-      out.reason = fmt::format("{}: the backend failed: {}", opt.backend, e.what());
-    }
-    if (out.status == CheckStatus::fail) {
-      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return out;
-    }
-    // The model: the command line's, else the one the run asks for (an exec:CMD output's
-    // budget_model attribute), else the backend's default.
-    const std::string model = !opt.budget_model.empty()     ? opt.budget_model
-                              : !out.run->budget_model.empty() ? out.run->budget_model
-                                                               : default_budget_model(opt.backend);
-    items.push_back({opt.backend, model, observation_of(*out.run)});
-  } else {
-    std::vector<OutputInfo> outputs = rd.outputs();
-    if (!opt.output.empty()) {
-      std::erase_if(outputs, [&](const OutputInfo& x) { return x.name != opt.output; });
-      if (outputs.empty()) throw InputError(rd.path(), "/outputs/" + opt.output, "no such output in the case");
-    }
-    if (outputs.empty()) throw InputError(rd.path(), "/outputs", "the case holds no recorded output");
-    for (const OutputInfo& o : outputs) {
-      const std::string m = opt.budget_model.empty() ? budget_model_of_output(o.attributes) : opt.budget_model;
-      Observation obs = observation_of(o.name, rd.read_output(o.name));
-      if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
-        throw InputError(rd.path(), "/outputs/" + o.name + "/output", "shape does not match [T, H]");
-      items.push_back({o.name, m, std::move(obs)});
-    }
-  }
-  std::map<std::string, ForwardResult> refs;  // one reference per budget model
-  for (Item& it : items) {
-    const BudgetModel model = parse_budget_model(it.model);
-    auto ref = refs.find(it.model);
-    if (ref == refs.end()) {
-      try {
-        ref = refs.emplace(it.model, judging_reference(cp, model)).first;
-      } catch (const std::invalid_argument& e) {
-        throw InputError(rd.path(), "", std::string("the reference refuses the case: ") + e.what());
-      }
-    }
-    CompareOptions copt;
-    copt.model = model;
-    copt.keep_ratios = opt.keep_ratios;
-    copt.allow_vacuous = opt.allow_vacuous;
-    out.results.push_back(compare_output(cp.problem(), ref->second, it.obs, copt));
-    out.budget_models.push_back(it.model);
-  }
+  if (!opt.backend.empty())
+    judge_backend_run(cp, opt, out);
+  else
+    judge_recorded(cp, opt, out);
   for (const CompareResult& r : out.results)
     if (!r.pass) {
       out.status = CheckStatus::fail;

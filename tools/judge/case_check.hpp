@@ -5,13 +5,14 @@
 // backend's model (default_budget_model(backend), reference/budget_model.hpp), every output element,
 // routing, per-expert bias and energy tests (reference/moe_compare.hpp). Nothing here loosens a
 // budget: a case passes exactly when `moecheck run CASE --backend B --expert-outputs && moecheck
-// compare CASE --output B` would exit 0.
+// compare CASE --output B` would exit 0. Recorded outputs (no backend) are judged by compare's
+// own code, judge_recorded_outputs (recorded_outputs.hpp), input-hash check included.
 //
 // Outcomes: pass; fail (a check exceeded its budget, or the backend threw on a case the
 // reference accepted: a crash of the thing checked); unsupported (the backend declined the case:
 // BackendUnsupported, backend_run.hpp; nothing judged); input_error (the case is unreadable or
-// invalid, the reference refuses it, or the backend cannot run here at all, e.g. cuda without a
-// GPU): exit codes 0 / 1 / 2 / 2.
+// invalid, a recorded output was computed from other inputs, the reference refuses it, or the
+// backend cannot run here at all, e.g. cuda without a GPU): exit codes 0 / 1 / 2 / 2.
 #pragma once
 
 #include <cstdint>

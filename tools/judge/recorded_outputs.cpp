@@ -1,0 +1,120 @@
+// Judging a case's recorded outputs (recorded_outputs.hpp).
+#include "tools/judge/recorded_outputs.hpp"
+
+#include <chrono>
+#include <fmt/format.h>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+
+#include "reference/errors.hpp"
+#include "tools/judge/backend_run.hpp"
+#include "tools/judge/case_check.hpp"
+#include "tools/judge/reference_store.hpp"
+
+namespace moecheck::judge {
+
+ForwardResult reference_to_judge(const CaseProblem& cp, const std::string& model_name, const ReferenceChoice& choice,
+                                 const std::string& input_hash, bool* reused) {
+  bool stored = false;
+  try {
+    const BudgetModel model = parse_budget_model(model_name);
+    ForwardResult r;
+    if (choice.tier == Tier::ideal)
+      r = ideal_judging_reference(cp, model);
+    else if (choice.reuse_stored)
+      r = quantized_reference(cp, input_hash, model_name, choice.progress, &stored, choice.requant_test);
+    else
+      r = compute_reference(cp, Tier::quantized, &model, true, choice.progress, choice.requant_test);
+    if (reused) *reused = stored;
+    return r;
+  } catch (const std::invalid_argument& e) {
+    throw InputError(cp.reader().path(), "", std::string("the reference refuses the case: ") + e.what());
+  }
+}
+
+namespace {
+
+// The outputs opt selects, in the case's order.
+std::vector<OutputInfo> selected_outputs(const CaseReader& r, const RecordedOptions& opt) {
+  std::vector<OutputInfo> outputs = r.outputs();
+  if (!opt.output.empty()) {
+    std::erase_if(outputs, [&](const OutputInfo& x) { return x.name != opt.output; });
+    if (outputs.empty()) throw InputError(r.path(), "/outputs/" + opt.output, "no such output in the case");
+  }
+  if (outputs.empty())
+    throw InputError(r.path(), "/outputs", "the case holds no recorded output (record one with moecheck run)");
+  return outputs;
+}
+
+// The outputs (indices into `outputs`) judged with each budget model; a stored model name that
+// is not known is an input error.
+std::map<std::string, std::vector<size_t>> outputs_by_model(const CaseReader& r, const std::vector<OutputInfo>& outputs,
+                                                            const RecordedOptions& opt) {
+  std::map<std::string, std::vector<size_t>> by_model;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string m = opt.budget_model.empty() ? budget_model_of_output(outputs[i].attributes) : opt.budget_model;
+    parse_budget_model(m, r.path(), "/outputs/" + outputs[i].name + "@budget_model");
+    by_model[m].push_back(i);
+  }
+  return by_model;
+}
+
+// The case's input hashes, computed (one pass over the weights) only when a stored reference may
+// be reused or an output records hashes to check; empty otherwise.
+CaseProblem::InputHashes hashes_needed(const CaseProblem& cp, const std::vector<OutputInfo>& outputs,
+                                       const RecordedOptions& opt) {
+  bool needed = opt.reference.reuse_stored && opt.reference.tier == Tier::quantized;
+  for (const OutputInfo& out : outputs) needed = needed || out.attributes.contains("input_hash");
+  return needed ? cp.input_hashes() : CaseProblem::InputHashes{};
+}
+
+// The recorded output as compare_output takes it (no slot outputs in the ideal tier), its shape
+// checked against the case.
+Observation read_observation(const CaseProblem& cp, const std::string& name, Tier tier) {
+  const CaseReader& r = cp.reader();
+  Observation obs = observation_of(name, r.read_output(name));
+  if (tier == Tier::ideal) obs.expert_outputs.clear();
+  if (obs.output.size() != size_t(cp.tokens() * cp.config().hidden_size))
+    throw InputError(r.path(), "/outputs/" + name + "/output", "shape does not match [T, H]");
+  return obs;
+}
+
+}  // namespace
+
+RecordedJudgement judge_recorded_outputs(const CaseProblem& cp, const RecordedOptions& opt) {
+  const CaseReader& r = cp.reader();
+  const std::vector<OutputInfo> outputs = selected_outputs(r, opt);
+  const std::map<std::string, std::vector<size_t>> by_model = outputs_by_model(r, outputs, opt);
+  const CaseProblem::InputHashes hashes = hashes_needed(cp, outputs, opt);
+  for (const OutputInfo& out : outputs) check_input_hashes(hashes, out, r.path());
+
+  RecordedJudgement j;
+  j.results.resize(outputs.size());
+  j.budget_models.resize(outputs.size());
+  j.outputs.resize(outputs.size());
+  for (const auto& [model_name, idx] : by_model) {
+    const auto t0 = std::chrono::steady_clock::now();
+    bool reused = false;
+    const ForwardResult ref = reference_to_judge(cp, model_name, opt.reference, hashes.combined, &reused);
+    j.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (opt.reference.progress)
+      std::cerr << fmt::format("moecheck: reference ({}, budget model {}) {}\n", to_string(opt.reference.tier),
+                               model_name, reused ? "reused from /reference/quantized" : "computed");
+    CompareOptions copt;
+    copt.model = parse_budget_model(model_name);
+    copt.keep_ratios = opt.keep_ratios;
+    copt.allow_vacuous = opt.allow_vacuous;
+    copt.requant_test = opt.reference.requant_test;
+    j.models.push_back(copt.model);
+    for (size_t i : idx) {
+      Observation obs = read_observation(cp, outputs[i].name, opt.reference.tier);
+      j.results[i] = compare_output(cp.problem(), ref, obs, copt);
+      j.budget_models[i] = model_name;
+      j.outputs[i] = std::move(obs.output);
+    }
+  }
+  return j;
+}
+
+}  // namespace moecheck::judge
