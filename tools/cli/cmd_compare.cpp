@@ -64,7 +64,8 @@ sweep::JunitSuite junit_suite(const report::ReportContext& ctx, const std::vecto
   sweep::JunitSuite suite{.name = "moecheck compare " + ctx.case_path, .cases = {}};
   for (size_t i = 0; i < results.size(); ++i) {
     const CompareResult& r = results[i];
-    sweep::JunitCase jc{.name = r.name, .classname = ctx.case_path, .seconds = seconds / double(results.size())};
+    sweep::JunitCase jc;
+    jc.name = r.name, jc.classname = ctx.case_path, jc.seconds = seconds / double(results.size());
     report::ReportContext one = ctx;
     one.data.clear();
     std::ostringstream text;
