@@ -140,7 +140,7 @@ int run_gate(GateOptions& o) {
   const sweep::GateResult r = sweep::run_gate(q, ev);
   progress.stop();
 
-  std::cout << sweep::gate_summary(q, r);
+  std::cout << sweep::gate_summary(r);
   if (!o.junit.empty()) sweep::write_junit_file(o.junit, r.suites);
   const bool holds_results = !r.failures.empty() || !r.not_judged.empty();
   if (own_dir && !holds_results && !o.keep) {

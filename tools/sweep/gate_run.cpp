@@ -316,7 +316,7 @@ GateResult run_gate(const GateRequest& q, const GateEvents& ev) {
   return run.r;
 }
 
-std::string gate_summary(const GateRequest& q, const GateResult& r) {
+std::string gate_summary(const GateResult& r) {
   std::string s;
   auto line = [&](const std::string& l) { s += l + "\n"; };
   line(fmt::format("\nsweep: {} cases run, {} passed, {} failed{}{}{} ({:.1f} s)", r.run, r.passed, r.failed,
@@ -357,7 +357,6 @@ std::string gate_summary(const GateRequest& q, const GateResult& r) {
     line(fmt::format("no sweep case was judged ({} unsupported, {} vacuous, {} not judgeable): narrow the sweep to "
                      "what the backend implements (--presets, --recipe)",
                      r.unsupported, r.vacuous, r.errors));
-  (void)q;
   return s;
 }
 

@@ -78,7 +78,7 @@ GateResult run_gate(const GateRequest& q, const GateEvents& ev);
 
 // The summary lines after the run (counts, features, failures with their commands, cases not
 // judged, the verdict line).
-std::string gate_summary(const GateRequest& q, const GateResult& r);
+std::string gate_summary(const GateResult& r);
 
 // `moecheck gate --backend B --seed S --case i [--presets ...] [--recipe ...]`: replays one case.
 std::string gate_command(const GateRequest& q, const std::string& backend, int64_t index);
