@@ -369,7 +369,7 @@ void prepare_row_codes(TruncationProduct& tp, int64_t group, CodesOf codes_of, S
 
 void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const ExpertJob& job, int64_t t0, int64_t k,
                 const QuantizedHidden& qh, double* slot_out, double* slot_budget, double* slot_ideal, const BudgetCtx& bc,
-                Scratch& s) {
+                WeightProducts* products, Scratch& s) {
   const bool budget = bc.model != nullptr;
   const MoeConfig& c = p.config;
   const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, G = c.group_size;
@@ -447,7 +447,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
           [&](int64_t r) { return qh.scales + (t0 + job.slots[r] / k) * hg; }, act_dev, s);
       ex.trunc = &tp;
     }
-    gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
+    if (products) {
+      s.x.resize(n, 2 * I);
+      products->multiply(s.a.data(), n, w.w13, w.w13_scale, 2 * I, H, B, s.x.data());
+    } else {
+      gemm_fp8_weight(s.a, w.w13, w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
+    }
     if (budget && bc.chunked) s.vx = s.dx.array().square().matrix();  // before the truncation term
     if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr, s.vx += (1 + bc.c1) * (1 + bc.c1) * s.tvar;  // §2.1, §10.1
     // Gradual underflow (BUDGETS.md §2): each of the ceil(H/B) promotion FFMAs may err by half a
@@ -550,7 +555,12 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
           [&](int64_t r) { return s.qscales.data() + r * ig; }, h_dev, s);
       ex.trunc = &tp;
     }
-    gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
+    if (products) {
+      s.y.resize(n, H);
+      products->multiply(s.h.data(), n, w.w2, w.w2_scale, H, I, B, s.y.data());
+    } else {
+      gemm_fp8_weight(s.h, w.w2, w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
+    }
     if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr, s.vy += (1 + bc.c2) * (1 + bc.c2) * s.tvar;  // §2.1, §10.1
     if (budget) s.dy.array() += double(ceil_div(I, B)) * 0x1p-149;  // underflow, as for GEMM1
     if (budget) s.vy.array() += std::pow(double(ceil_div(I, B)) * 0x1p-149, 2);
@@ -617,6 +627,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   const BudgetModel* model = opt.tier == Tier::quantized ? opt.budget : nullptr;
   const bool ideal_bound = opt.tier == Tier::quantized && opt.ideal_bound;
   const bool keep_slots = opt.expert_outputs || model || ideal_bound;
+  if (opt.products && (model || ideal_bound))
+    throw std::invalid_argument("moe_forward: budgets and the ideal bound are computed with the CPU's products only");
   const Routing& rt = res.routing;
 
   // Every local expert a token routes to must be stored.
@@ -701,7 +713,9 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   }
   res.output.assign(static_cast<size_t>(T * H), 0.0);
   if (keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
-  const int64_t chunk = keep_slots ? std::max<int64_t>(T, 1)
+  // With another engine's products every token goes in one chunk, so each expert's weights
+  // travel to it once.
+  const int64_t chunk = keep_slots || opt.products ? std::max<int64_t>(T, 1)
                                            : std::max<int64_t>(1, kSlotBufferBytes / (8 * k * std::max<int64_t>(H, 1)));
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   std::mutex load_mutex;
@@ -751,7 +765,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
         std::lock_guard<std::mutex> lock(load_mutex);
         w = p.load_expert(jobs[i].expert);
       }
-      run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, s);
+      run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, opt.products, s);
       const int64_t d = ++done;
       if (opt.progress) {
         std::lock_guard<std::mutex> lock(load_mutex);

@@ -39,6 +39,7 @@
 #include "reference/moe_budget.hpp"
 #include "reference/moe_config.hpp"
 #include "reference/moe_routing.hpp"
+#include "reference/weight_products.hpp"
 
 namespace moecheck {
 
@@ -94,6 +95,11 @@ struct ForwardOptions {
   bool requant_terms = false;
   // Called after each expert with (experts done, experts to do); may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  // Where the two weight products of each expert run (weight_products.hpp); nullptr: Eigen on
+  // this CPU. Everything else (routing, activation quantization, SiLU and the re-quantization of
+  // h, the combine) stays on the CPU, the same code either way. Not with budget or ideal_bound,
+  // whose extra products ride on the CPU's weight panels (std::invalid_argument).
+  WeightProducts* products = nullptr;
 };
 
 struct ForwardResult {
