@@ -65,6 +65,16 @@ TEST(CliPipeline, BadInputsExitTwo) {
     EXPECT_NE(r.err.find("--backend"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("gpu.h5")));
   }
+  r = moecheck({"reference", c, "--device", "cuda", "-q", "-o", dir.file("ref-gpu.h5")});
+  if (r.exit_code != 0) {
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("--device: cuda: "), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("ref-gpu.h5")));
+  }
+  // Budgets are computed on the CPU only: asking for one with the GPU's products is a usage error.
+  r = moecheck({"reference", c, "--device", "cuda", "--budget-model", "hopper"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--budget-model"), std::string::npos) << r.err;
 }
 
 TEST(CliPipeline, BenchReferencePrintsFigures) {

@@ -7,11 +7,18 @@ if(MOECHECK_HAVE_CUDA)
     SOURCES gpu_kernels_test.cpp gpu_moe_test.cpp gpu_test_support.cpp gpu_moe_checks.cpp gpu_cublaslt_test.cpp
     LABELS gpu
     LIBS moecheck_kernels)
+  # The float64 reference with its weight products on the GPU against the CPU's (BUDGETS.md §11).
+  moecheck_add_test(gpu_reference_test
+    SOURCES gpu_reference_test.cpp gpu_test_support.cpp reference_agreement.cpp
+    LABELS gpu
+    LIBS moecheck_kernels moecheck_sweep)
 endif()
-if(TARGET gpu_kernels_test)
-  # Link the shared CUDA runtime that moecheck_kernels uses (CMake would add the static one too).
-  set_target_properties(gpu_kernels_test PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
-endif()
+foreach(t gpu_kernels_test gpu_reference_test)
+  if(TARGET ${t})
+    # Link the shared CUDA runtime that moecheck_kernels uses (CMake would add the static one too).
+    set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+  endif()
+endforeach()
 
 # triton_fp8_moe: a Triton FP8 block-scale fused MoE of the SGLang design (tests/triton/fp8_moe.py)
 # and its twelve mutants, captured with tools/capture and judged by `moecheck compare` with the

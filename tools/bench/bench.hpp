@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "reference/moe_config.hpp"
+#include "reference/weight_products.hpp"
 
 namespace moecheck::bench {
 
@@ -18,9 +19,11 @@ struct BenchShape {
 // Float64 reference on a synthetic in-memory layer of this shape (bench_reference.cpp).
 // compare_models: budget models under which to also time what `moecheck compare` adds (the
 // budgeted forward and the judging of one output); empty: none. repeat: timed runs of each, in
-// turn (reference, then each model), reported as medians with their spread.
+// turn (reference, then each model), reported as medians with their spread. products: also time
+// the reference with its weight products there (`--device cuda`), beside the CPU's, and say how
+// far the two outputs are apart.
 int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
-                    const std::vector<std::string>& compare_models, int repeat);
+                    const std::vector<std::string>& compare_models, int repeat, WeightProducts* products = nullptr);
 
 // `moecheck bench --backend cuda|cublaslt`: the GPU backends' timing (bench_gpu.cpp).
 struct GpuBenchRequest {

@@ -83,7 +83,7 @@ double median_of(std::vector<double> v) {
 }  // namespace
 
 int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int threads,
-                    const std::vector<std::string>& compare_models, int repeat) {
+                    const std::vector<std::string>& compare_models, int repeat, WeightProducts* products) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MoeConfig c = shape.config;
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.intermediate_size, B = c.weight_block;
@@ -137,13 +137,20 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   // The reference and each compare model run in turn, `repeat` rounds, so that a slow spell of
   // the machine falls on all of them alike; the figures are medians (and the ratios are of
   // medians).
-  std::vector<double> ref_s;
+  std::vector<double> ref_s, dev_s;
   std::vector<std::vector<double>> cmp_s(compare_models.size());
-  ForwardResult r;
+  ForwardResult r, rd;
   for (int round = 0; round < repeat; ++round) {
     const auto t0 = Clock::now();
     r = moe_forward(p, opt);
     ref_s.push_back(seconds_since(t0));
+    if (products) {
+      ForwardOptions od = opt;
+      od.products = products;
+      const auto td = Clock::now();
+      rd = moe_forward(p, od);
+      dev_s.push_back(seconds_since(td));
+    }
     // What `moecheck compare` adds: the budgeted forward and the judging of one output (the
     // reference's own output rounded to bf16 stands in for a backend's).
     for (size_t i = 0; i < compare_models.size(); ++i) {
@@ -186,6 +193,23 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   fmt::print("  ratio                {:10.1f} % of the measured GEMM rate (target >= 70 %)\n", 100 * achieved / rate);
   fmt::print("  square GEMM rate     {:10.2f} GFLOP/s (Eigen double, 1024^3, {} threads): the reference reaches {:.1f} %\n",
              square * 1e-9, threads, 100 * achieved / square);
+  if (products) {
+    const double t = median_of(dev_s);
+    double largest = 0, diff = 0;
+    int64_t same = 0;
+    for (size_t i = 0; i < r.output.size(); ++i) {
+      largest = std::max(largest, std::fabs(r.output[i]));
+      diff = std::max(diff, std::fabs(r.output[i] - rd.output[i]));
+      same += r.output[i] == rd.output[i];
+    }
+    fmt::print("  on the GPU           {:10.3f} s (median of {}, range {:.3f} - {:.3f}) = {:.1f} x faster than the CPU's; "
+               "{:.2f} GFLOP/s; {}\n",
+               t, repeat, *std::min_element(dev_s.begin(), dev_s.end()), *std::max_element(dev_s.begin(), dev_s.end()),
+               wall / t, r.gemm_flops / t * 1e-9, products->describe());
+    fmt::print("  GPU vs CPU output    largest |difference| {:.3g} = {:.3g} of the largest |output|; {} of {} bit-identical "
+               "(bound: BUDGETS.md §11)\n",
+               diff, diff / std::max(largest, 1e-300), same, r.output.size());
+  }
   for (size_t i = 0; i < compare_models.size(); ++i) {
     const double t = median_of(cmp_s[i]);
     fmt::print("  compare, budget model {:<7} {:.3f} s = {:.2f} x the reference's time (target < 3; range {:.3f} - {:.3f} s)\n",

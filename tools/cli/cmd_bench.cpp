@@ -1,6 +1,6 @@
 // `moecheck bench --backend cuda[,cublaslt] [--preset NAME] [--tokens 1,8,...] [--tp N] [-o FILE]`:
 // the GPU backends' timing (tools/bench/bench_gpu.cpp); `moecheck bench reference [--preset NAME]
-// [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...] [--repeat N]`: figures of the float64 reference on a
+// [--tokens N] [--seed S] [--threads N] [--compare [--budget-model M]...] [--repeat N] [--device cpu|cuda]`: figures of the float64 reference on a
 // synthetic layer of a real model's shape (tools/bench/bench_reference.cpp).
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
@@ -41,6 +41,7 @@ void register_bench(CLI::App& app) {
     bool compare = false;
     std::vector<std::string> models;
     int repeat = 3;
+    std::string device = "cpu";
   };
   auto o = std::make_shared<Opts>();
   ref->add_option("--preset", o->preset, "model preset (moecheck make-case --list-presets)");
@@ -54,13 +55,17 @@ void register_bench(CLI::App& app) {
       ->check(budget_model_validator());
   ref->add_option("--repeat", o->repeat, "timed runs of each measurement; medians are reported (default 3)")
       ->check(CLI::Range(1, 100));
+  ref->add_option("--device", o->device,
+                  "cuda: also time the reference with its weight products on the GPU, beside the CPU's")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   set_runner(ref, [o]() {
     const ModelPreset* p = find_model_preset(o->preset);
     if (!p) throw InputError("", "--preset", "unknown preset '" + o->preset + "'; presets: " + model_preset_names());
     bench::BenchShape shape{std::string(p->name), p->config, p->routing_bias};
     std::vector<std::string> models;
     if (o->compare) models = o->models.empty() ? std::vector<std::string>{"fp32", "hopper"} : o->models;
-    return bench::bench_reference(shape, o->tokens, o->seed, o->threads, models, o->repeat);
+    const std::unique_ptr<WeightProducts> products = judge::reference_products(o->device);
+    return bench::bench_reference(shape, o->tokens, o->seed, o->threads, models, o->repeat, products.get());
   });
 }
 

@@ -1,6 +1,9 @@
-// `moecheck reference CASE [--tier ideal|quantized|both] [--expert-outputs] [-o OUT]`: computes
-// the float64 reference of a case and stores it under /reference/<tier> (atomically, into the case
-// or into a copy OUT), with the tool version and the hash of the inputs it read.
+// `moecheck reference CASE [--tier ideal|quantized|both] [--expert-outputs] [--device cpu|cuda]
+// [-o OUT]`: computes the float64 reference of a case and stores it under /reference/<tier>
+// (atomically, into the case or into a copy OUT), with the tool version and the hash of the inputs
+// it read. --device cuda runs the weight products on the GPU (BUDGETS.md §11 bounds how far that
+// may differ from the CPU's); budgets are computed on the CPU only, so that quantized tier is
+// stored without one and `compare` computes it.
 #include <chrono>
 #include <fmt/format.h>
 #include <iostream>
@@ -14,7 +17,7 @@ namespace moecheck::cli {
 void register_reference(CLI::App& app) {
   auto* sub = app.add_subcommand("reference", "compute the float64 reference of a case and store it in the case");
   struct Opts {
-    std::string path, tier = "both", out, model = "fp32";
+    std::string path, tier = "both", out, model = "fp32", device = "cpu";
     bool expert_outputs = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -24,20 +27,31 @@ void register_reference(CLI::App& app) {
   sub->add_option("--budget-model", o->model,
                   "accumulator model of the budget stored with the quantized tier: " + budget_model_names())
       ->check(budget_model_validator());
+  sub->add_option("--device", o->device,
+                  "where the weight products run: cpu, or cuda (the GPU's float64 GEMM; no budget is stored then)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case")->check(output_file());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
-  set_runner(sub, [o]() {
+  set_runner(sub, [o, sub]() {
+    if (o->device != "cpu" && sub->count("--budget-model"))
+      throw InputError("", "--budget-model", "budgets are computed on the CPU only: use --device cpu to store one");
     const CaseProblem cp(o->path);
     const BudgetModel model = parse_budget_model(o->model);
+    const std::unique_ptr<WeightProducts> products = judge::reference_products(o->device);
+    if (products && !o->quiet)
+      std::cerr << fmt::format("moecheck: weight products on {}; budgets are computed on the CPU only, so none is "
+                               "stored (compare computes it)\n",
+                               products->describe());
     std::string dest = o->path;
     const auto t0 = std::chrono::steady_clock::now();
     const std::string hash = cp.input_hash();
     for (Tier tier : {Tier::ideal, Tier::quantized}) {
       if (o->tier != "both" && o->tier != to_string(tier)) continue;
-      const ForwardResult r = judge::compute_reference(cp, tier, tier == Tier::quantized ? &model : nullptr,
-                                                       o->expert_outputs, !o->quiet);
-      judge::store_reference(dest, tier, r, hash, tier == Tier::quantized ? o->model : "", o->expert_outputs,
-                             o->out.empty() ? "" : o->out);
+      const BudgetModel* budget = tier == Tier::quantized && !products ? &model : nullptr;
+      const ForwardResult r =
+          judge::compute_reference(cp, tier, budget, o->expert_outputs, !o->quiet, false, products.get());
+      judge::store_reference(dest, tier, r, hash, budget ? o->model : "", o->expert_outputs,
+                             o->out.empty() ? "" : o->out, products ? products->describe() : "");
       if (!o->out.empty()) dest = o->out;  // the second tier goes into the same copy
       if (!o->quiet)
         std::cerr << fmt::format("moecheck: /reference/{} written to {} ({} experts run, {:.1f} GFLOP)\n",

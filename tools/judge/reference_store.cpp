@@ -7,12 +7,16 @@
 #include <unistd.h>
 
 #include "reference/errors.hpp"
+#ifdef MOECHECK_HAVE_CUDA
+#include "kernels/fp64_weight_products.hpp"
+#endif
 
 namespace moecheck::judge {
 
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
-                                bool progress, bool requant_terms) {
+                                bool progress, bool requant_terms, WeightProducts* products) {
   ForwardOptions opt;
+  opt.products = products;
   opt.requant_terms = requant_terms;
   opt.tier = tier;
   opt.expert_outputs = expert_outputs;
@@ -38,9 +42,21 @@ ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetMo
   return r;
 }
 
+std::unique_ptr<WeightProducts> reference_products(const std::string& device) {
+  if (device == "cpu") return nullptr;
+  if (device != "cuda") throw InputError("", "--device", "must be cpu or cuda, got '" + device + "'");
+#ifdef MOECHECK_HAVE_CUDA
+  return kernels::make_cuda_weight_products();
+#else
+  throw InputError("", "--device", "cuda: this moecheck was built without CUDA (nvcc was not found when it was configured)");
+#endif
+}
+
 void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,
-                     const std::string& budget_model, bool expert_outputs, const std::string& out_path) {
+                     const std::string& budget_model, bool expert_outputs, const std::string& out_path,
+                     const std::string& device) {
   ReferenceData d;
+  if (!device.empty()) d.attributes["device"] = device;
   d.tool_version = MOECHECK_VERSION;
   d.input_hash = input_hash;
   d.output = r.output;

@@ -3,6 +3,7 @@
 // only when its input hash and budget model match the case and the request.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -13,11 +14,20 @@
 namespace moecheck::judge {
 
 // The forward of one tier (budget only for the quantized tier), with a progress line on stderr.
+// products: where the weight products run (reference_products); nullptr: this CPU.
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
-                                bool progress, bool requant_terms = false);
+                                bool progress, bool requant_terms = false, WeightProducts* products = nullptr);
 
+// The weight products of `--device NAME`: nullptr for cpu; for cuda the GPU's float64 GEMM
+// (kernels/fp64_weight_products.hpp). InputError naming --device when this build has no CUDA or
+// this machine no usable GPU.
+std::unique_ptr<WeightProducts> reference_products(const std::string& device);
+
+// device: what computed the products (WeightProducts::describe(); empty: this CPU), stored as
+// the tier's attribute `device`.
 void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,
-                     const std::string& budget_model, bool expert_outputs, const std::string& out_path);
+                     const std::string& budget_model, bool expert_outputs, const std::string& out_path,
+                     const std::string& device = "");
 
 // The quantized-tier reference with the budget of `model_name`: the stored one when its input
 // hash and budget model match and it holds every array the judgement reads (budgets, noise

@@ -1,0 +1,149 @@
+// Float64 weight products on the GPU (fp64_weight_products.hpp).
+//
+// Per product, on one of a few contexts (stream, cuBLAS handle, buffers): the weight's codes and
+// scales and the activations a go up, fp64_dequantize.cu writes W [N, K] in float64 (exact),
+// cublasDgemm computes out^T = W a^T (the column-major view of the row-major operands), and out
+// comes back. Every call is checked; the output buffer is poisoned (NaN) before each product so
+// an unwritten element cannot pass for a value.
+#include "kernels/fp64_weight_products.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <fmt/format.h>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/gpu_backend.hpp"
+#include "reference/errors.hpp"
+
+namespace moecheck::kernels {
+
+namespace {
+
+void cublas_check(cublasStatus_t s, const char* call, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw CudaError(fmt::format("{} failed: {} ({}) ({}:{})", call, cublasGetStatusName(s), cublasGetStatusString(s),
+                                file, line),
+                    cudaErrorUnknown);
+}
+#define FP64_CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+// A device buffer grown to the largest request (contents not kept across growth).
+struct Grown {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~Grown() {
+    if (p) cudaFree(p);
+  }
+  template <class T>
+  T* at_least(size_t count) {
+    const size_t need = count * sizeof(T);
+    if (need > bytes) {
+      if (p) MOECHECK_CUDA_CHECK(cudaFree(p));
+      p = nullptr, bytes = 0;
+      MOECHECK_CUDA_CHECK(cudaMalloc(&p, need));
+      bytes = need;
+    }
+    return static_cast<T*>(p);
+  }
+};
+
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t handle = nullptr;
+  Grown codes, scales, w, a, out;
+  Context() {
+    MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    FP64_CUBLAS_CHECK(cublasCreate(&handle));
+    FP64_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    // Pedantic: the prescribed precision in every phase (no TF32-like or emulated FP64 paths).
+    FP64_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+  }
+  ~Context() {
+    if (handle) cublasDestroy(handle);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+class CudaWeightProducts final : public WeightProducts {
+ public:
+  CudaWeightProducts(int streams, std::string device) : max_(std::max(1, streams)), device_(std::move(device)) {}
+
+  void multiply(const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
+                double* out) override {
+    if (n == 0) return;
+    Context& c = acquire();
+    try {
+      run(c, a, n, codes, scales, N, K, B, out);
+    } catch (...) {
+      release(c);
+      throw;
+    }
+    release(c);
+  }
+
+  std::string describe() const override { return device_ + ", cuBLAS DGEMM (pedantic math)"; }
+
+ private:
+  void run(Context& c, const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K,
+           int64_t B, double* out) {
+    const size_t nscale = size_t((N + B - 1) / B * ((K + B - 1) / B));
+    uint8_t* dc = c.codes.at_least<uint8_t>(size_t(N * K));
+    float* ds = c.scales.at_least<float>(nscale);
+    double* dw = c.w.at_least<double>(size_t(N * K));
+    double* da = c.a.at_least<double>(size_t(n * K));
+    double* dout = c.out.at_least<double>(size_t(n * N));
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dc, codes, size_t(N * K), cudaMemcpyHostToDevice, c.stream));
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(ds, scales, nscale * sizeof(float), cudaMemcpyHostToDevice, c.stream));
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(da, a, size_t(n * K) * sizeof(double), cudaMemcpyHostToDevice, c.stream));
+    MOECHECK_CUDA_CHECK(cudaMemsetAsync(dout, 0xFF, size_t(n * N) * sizeof(double), c.stream));
+    launch_dequantize_fp64(dc, ds, N, K, B, dw, c.stream);
+    // Row-major out [n, N] = a [n, K] W^T is column-major out^T [N, n] = W^T' a^T, where W's
+    // row-major [N, K] storage is column-major [K, N] (transposed by the op) and a's is [K, n].
+    const double one = 1.0, zero = 0.0;
+    FP64_CUBLAS_CHECK(cublasDgemm(c.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(n), int(K), &one, dw, int(K), da,
+                                  int(K), &zero, dout, int(N)));
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(out, dout, size_t(n * N) * sizeof(double), cudaMemcpyDeviceToHost, c.stream));
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  }
+
+  Context& acquire() {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return !free_.empty() || int(all_.size()) < max_; });
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<Context>());
+      return *all_.back();
+    }
+    Context* c = free_.back();
+    free_.pop_back();
+    return *c;
+  }
+  void release(Context& c) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      free_.push_back(&c);
+    }
+    cv_.notify_one();
+  }
+
+  const int max_;
+  const std::string device_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Context>> all_;
+  std::vector<Context*> free_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightProducts> make_cuda_weight_products(int streams) {
+  const GpuInfo info = probe_gpu();
+  if (!info.usable) throw InputError("", "--device", "cuda: " + info.why);
+  return std::make_unique<CudaWeightProducts>(streams, info.device);
+}
+
+}  // namespace moecheck::kernels
