@@ -5,7 +5,8 @@
 // with the same results. Deterministic either way (no result depends on thread scheduling):
 //   count_local_slots   slots of each local expert (atomic counts: order-free integers);
 //                       slots of non-local experts get slot_to_row = -1 (EP skip)
-//   build_row_offsets   one block: padded offsets (exclusive scan), tile -> expert map,
+//   build_row_offsets   one block: padded offsets (the block-wide exclusive scan permute_fused
+//                       uses too), tile -> expert map,
 //                       totals, row_to_slot = -1 for the unused rows past the last tile
 //   scatter_slots       one block per local expert: stable compaction of its slots in
 //                       ascending (t, j) order by warp ballots, padding rows -> -1
@@ -66,24 +67,49 @@ __device__ void write_tile_map(const int32_t* tile_start, int32_t local, int64_t
     row_to_slot[r] = -1;
 }
 
-// Serial scan by thread 0 (E_local <= kMaxExperts: microseconds), then the tile map in parallel.
-__global__ void build_row_offsets_kernel(const int32_t* __restrict__ counts, int32_t local, int64_t max_tiles,
-                                         int32_t* __restrict__ row_offset, int32_t* __restrict__ tile_expert,
-                                         int32_t* __restrict__ row_to_slot, int32_t* __restrict__ totals) {
-  extern __shared__ int32_t tile_start[];  // [local + 1]
-  if (threadIdx.x == 0) {
-    int32_t tiles = 0;
-    for (int32_t e = 0; e < local; ++e) {
-      tile_start[e] = tiles;
-      row_offset[e] = tiles * kTileM;
-      tiles += (counts[e] + kTileM - 1) / kTileM;
-    }
-    tile_start[local] = tiles;
-    row_offset[local] = tiles * kTileM;
-    totals[0] = tiles * kTileM;
-    totals[1] = tiles;
+// By the whole block (kFusedThreads threads): the exclusive scan of the tiles per expert,
+// kFusedExpertsPerThread consecutive experts per thread (a warp scan, then the warps' sums), into
+// tile_start [local + 1] (shared memory), row_offset [local + 1] and totals (rows, tiles).
+__device__ void scan_tiles(const int32_t* count, int32_t local, int32_t* tile_start, int32_t* row_offset,
+                           int32_t* totals) {
+  __shared__ int32_t warp_sum[kFusedThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int32_t e0 = tid * kFusedExpertsPerThread;
+  int32_t mine = 0;
+  for (int i = 0; i < kFusedExpertsPerThread; ++i)
+    if (e0 + i < local) mine += (count[e0 + i] + kTileM - 1) / kTileM;
+  int32_t incl = mine;  // inclusive scan within the warp
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) warp_sum[warp] = incl;
+  __syncthreads();
+  int32_t before = incl - mine;
+  for (int w = 0; w < warp; ++w) before += warp_sum[w];
+  for (int i = 0; i < kFusedExpertsPerThread; ++i) {
+    const int32_t e = e0 + i;
+    if (e >= local) break;
+    tile_start[e] = before;
+    row_offset[e] = before * kTileM;
+    before += (count[e] + kTileM - 1) / kTileM;
+  }
+  if (e0 < local && e0 + kFusedExpertsPerThread >= local) {  // the thread holding the last expert
+    tile_start[local] = before;
+    row_offset[local] = before * kTileM;
+    totals[0] = before * kTileM;
+    totals[1] = before;
   }
   __syncthreads();
+}
+
+// The offsets and the tile map from the counts of count_local_slots.
+__global__ void __launch_bounds__(kFusedThreads)
+    build_row_offsets_kernel(const int32_t* __restrict__ counts, int32_t local, int64_t max_tiles,
+                             int32_t* __restrict__ row_offset, int32_t* __restrict__ tile_expert,
+                             int32_t* __restrict__ row_to_slot, int32_t* __restrict__ totals) {
+  extern __shared__ int32_t tile_start[];  // [local + 1]
+  scan_tiles(counts, local, tile_start, row_offset, totals);
   write_tile_map(tile_start, local, max_tiles, tile_expert, row_to_slot);
 }
 
@@ -133,8 +159,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   int32_t* count = fused_smem;              // [local]
   int32_t* tile_start = count + local;      // [local + 1]
   int32_t* expert_of = tile_start + local + 1;  // [slots]: local expert of each slot, -1 if not local
-  __shared__ int32_t warp_sum[kFusedThreads / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
 
   // Counts
   for (int32_t e = tid; e < local; e += kFusedThreads) count[e] = 0;
@@ -148,35 +173,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   __syncthreads();
 
-  // Exclusive scan of the tiles per expert: kFusedExpertsPerThread consecutive experts per thread.
-  const int32_t e0 = tid * kFusedExpertsPerThread;
-  int32_t mine = 0;
-  for (int i = 0; i < kFusedExpertsPerThread; ++i)
-    if (e0 + i < local) mine += (count[e0 + i] + kTileM - 1) / kTileM;
-  int32_t incl = mine;  // inclusive scan within the warp
-  for (int d = 1; d < 32; d <<= 1) {
-    const int32_t v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  if (lane == 31) warp_sum[warp] = incl;
-  __syncthreads();
-  int32_t before = incl - mine;
-  for (int w = 0; w < warp; ++w) before += warp_sum[w];
-  for (int i = 0; i < kFusedExpertsPerThread; ++i) {
-    const int32_t e = e0 + i;
-    if (e >= local) break;
-    tile_start[e] = before;
-    row_offset[e] = before * kTileM;
-    expert_count[e] = count[e];
-    before += (count[e] + kTileM - 1) / kTileM;
-  }
-  if (e0 < local && e0 + kFusedExpertsPerThread >= local) {  // the thread holding the last expert
-    tile_start[local] = before;
-    row_offset[local] = before * kTileM;
-    totals[0] = before * kTileM;
-    totals[1] = before;
-  }
-  __syncthreads();
+  scan_tiles(count, local, tile_start, row_offset, totals);
+  for (int32_t e = tid; e < local; e += kFusedThreads) expert_count[e] = count[e];
 
   write_tile_map(tile_start, local, max_tiles, tile_expert, row_to_slot);
   const int32_t tiles = tile_start[local];
@@ -272,7 +270,7 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
                                                           plan.slot_to_row);
     MOECHECK_CUDA_CHECK_LAUNCH("count_local_slots_kernel");
   }
-  build_row_offsets_kernel<<<1, 1024, sizeof(int32_t) * (local_experts + 1), stream>>>(
+  build_row_offsets_kernel<<<1, kFusedThreads, sizeof(int32_t) * (local_experts + 1), stream>>>(
       plan.expert_count, local, cap.max_tiles, plan.row_offset, plan.tile_expert, plan.row_to_slot, plan.totals);
   MOECHECK_CUDA_CHECK_LAUNCH("build_row_offsets_kernel");
   scatter_slots_kernel<<<static_cast<unsigned>(local), kScatterThreads, 0, stream>>>(
