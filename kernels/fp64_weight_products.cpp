@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <climits>
+#include <stdexcept>
 #include <condition_variable>
 #include <fmt/format.h>
 #include <mutex>
@@ -76,6 +78,9 @@ class CudaWeightProducts final : public WeightProducts {
   void multiply(const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
                 double* out) override {
     if (n == 0) return;
+    if (n > INT_MAX || N > INT_MAX || K > INT_MAX)
+      throw std::invalid_argument(
+          fmt::format("fp64 weight products: [{} x {}] x [{} x {}]^T exceeds cuBLAS's int dimensions", n, K, N, K));
     Context& c = acquire();
     try {
       run(c, a, n, codes, scales, N, K, B, out);
