@@ -1,0 +1,48 @@
+// A layer split over N ranks and summed back (tensor parallel: I split; expert parallel: the
+// experts split), what each rank computes, and how the ranks' partial outputs are reduced.
+//
+// Contract (docs/DEVICE-ALGORITHM.md §8):
+//   tp N   rank r holds the gate and up rows [r I/N, (r+1) I/N) of W13 (in the case's
+//          gate_up_layout) and the same columns of W2, I/N a multiple of the weight block and of
+//          the group size (no block or quantization group straddles two ranks); every rank
+//          routes every token; its partial output is the recipe on its slice, rounded to bf16.
+//   ep N   rank r holds the experts [r E/N, (r+1) E/N) (local_expert_offset = r E/N); every rank
+//          routes every token; slots of other ranks' experts add nothing; partial output bf16.
+//   reduce the partials summed in float32 (any order: an all-reduce), the sum rounded to bf16.
+// The full layer must be unsharded (local_expert_offset 0, every expert local).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "reference/moe_forward.hpp"
+
+namespace moecheck {
+
+enum class ShardKind { tp, ep };
+std::string_view to_string(ShardKind k);
+
+struct ShardPlan {
+  ShardKind kind = ShardKind::tp;
+  int64_t ranks = 1;
+};
+
+// Throws InputError(source, "--tp" or "--ep", rule) when the layer cannot be split so.
+void require_shardable(const MoeConfig& c, const ShardPlan& s, const std::string& source = "");
+
+// The problem rank `rank` runs: its config (TP: intermediate_size I/N; EP: its expert range) and
+// a loader that returns its slice of each expert's weights (TP: copied out of the full expert's;
+// EP: the full expert's). The full problem must outlive it.
+MoeProblem shard_problem(const MoeProblem& full, const ShardPlan& s, int64_t rank);
+
+// The contract's reduction: bf16(float32 sum of the partials in rank order), [T * H].
+std::vector<float> reduce_partials(const std::vector<std::vector<float>>& partials);
+
+// Where a correct all-reduce's output may lie given the recorded partials: [lo, hi] per element,
+// the bf16 roundings of S -+ e with S the exact sum and e = gamma_{N-1}(2^-24) sum |p| (any
+// float32 summation order; RNE to bf16 is monotone).
+void reduction_interval(const std::vector<std::vector<float>>& partials, std::vector<double>& lo,
+                        std::vector<double>& hi);
+
+}  // namespace moecheck
