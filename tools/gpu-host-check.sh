@@ -15,6 +15,7 @@
 #              (tests/gpu_device_check.sh)
 #   reference  the float64 reference on the GPU against the CPU's (gpu_reference_test, memcheck
 #              on its larger case) and `bench reference --device cuda` on DeepSeek-V3 (REF_TOKENS)
+#   cpu        the host CPU's figures: `bench reference --compare` on DeepSeek-V3 at T = 64
 #   gate       `gate --backend cuda` with the golden corpus (GATE_CASES)
 #   bench      `bench --backend cuda,cublaslt` on DeepSeek-V3
 #   python     the Python module's pytest suite (torch included) and the Triton kernel of
@@ -32,7 +33,7 @@ printf '#!/bin/bash\nexport LD_LIBRARY_PATH="%s/lib:/usr/local/cuda/lib64${LD_LI
   "$B" "$B" > "$B/moecheck"
 chmod +x "$B/moecheck"
 status=0
-steps=",${STEPS:-tests,reference,gate,bench,python},"
+steps=",${STEPS:-tests,reference,cpu,gate,bench,python},"
 want() { [[ $steps == *",$1,"* ]]; }
 
 if want tests; then
@@ -51,6 +52,13 @@ tail -2 "$O/gpu-reference-memcheck.txt"
 (cd "$B" && timeout 240 ./run bin/moecheck bench reference --preset deepseek-v3 --tokens "${REF_TOKENS:-4096}" \
   --repeat 1 --device cuda > "$O/bench-reference.txt" 2>&1) || status=1
 grep -vE "^bench reference: round" "$O/bench-reference.txt" | tail -12
+fi
+
+if want cpu; then
+echo "== the host CPU: compare's time against the reference's =="
+(cd "$B" && timeout 200 ./run bin/moecheck bench reference --preset deepseek-v3 --tokens 64 --compare --repeat 3 \
+  > "$O/bench-compare.txt" 2>&1) || status=1
+grep -E "wall time|compare," "$O/bench-compare.txt"
 fi
 
 if want gate; then
