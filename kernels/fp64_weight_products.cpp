@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <stdexcept>
 #include <condition_variable>
@@ -82,16 +83,26 @@ class CudaWeightProducts final : public WeightProducts {
       throw std::invalid_argument(
           fmt::format("fp64 weight products: [{} x {}] x [{} x {}]^T exceeds cuBLAS's int dimensions", n, K, N, K));
     Context& c = acquire();
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       run(c, a, n, codes, scales, N, K, B, out);
     } catch (...) {
       release(c);
       throw;
     }
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     release(c);
+    std::lock_guard<std::mutex> lock(m_);
+    ++calls_, busy_s_ += busy;
+    bytes_ += double(N * K) + 8.0 * double(n * (K + N));
   }
 
   std::string describe() const override { return device_ + ", cuBLAS DGEMM (pedantic math)"; }
+  std::string activity() const override {
+    std::lock_guard<std::mutex> lock(m_);
+    return fmt::format("{} products on up to {} streams, {:.2f} GB moved over PCIe, {:.3f} s busy (summed over streams)",
+                       calls_, max_, bytes_ * 1e-9, busy_s_);
+  }
 
  private:
   void run(Context& c, const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K,
@@ -137,7 +148,9 @@ class CudaWeightProducts final : public WeightProducts {
 
   const int max_;
   const std::string device_;
-  std::mutex m_;
+  mutable std::mutex m_;
+  int64_t calls_ = 0;
+  double busy_s_ = 0, bytes_ = 0;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Context>> all_;
   std::vector<Context*> free_;

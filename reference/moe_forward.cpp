@@ -720,7 +720,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   std::mutex load_mutex;
   std::vector<double> chunk_slots;
-  std::vector<char> ran(static_cast<size_t>(c.num_experts), 0);  // experts run in any chunk
+  std::vector<int32_t> ran(static_cast<size_t>(c.num_experts), 0);  // experts run in any chunk
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t nt = std::min(chunk, T - t0);
@@ -774,9 +774,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     });
 
     // Combine under the case's combine recipe (moe_combine.hpp; BUDGETS.md §5, §9.1-9.2).
-    // Non-local slots hold 0 and are left out.
-    std::vector<SlotTerm> terms;
-    for (int64_t tl = 0; tl < nt; ++tl) {
+    // Non-local slots hold 0 and are left out. Tokens are independent: blocks of them per thread.
+    auto combine_one = [&](int64_t tl, std::vector<SlotTerm>& terms) {
       const int64_t t = t0 + tl;
       terms.clear();
       for (int64_t j = 0; j < k; ++j) {
@@ -800,7 +799,14 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
       CombineOut co{res.output.data() + t * H};
       if (model) co.budget = res.budget.data() + t * H, co.noise_var = res.noise_var.data() + t * H;
       combine_token(c.recipe.combine, terms, H, k, co);
-    }
+    };
+    constexpr int64_t kCombineTokens = 64;
+    parallel_jobs<std::vector<SlotTerm>>(size_t(ceil_div(nt, kCombineTokens)), threads,
+                                         [&](size_t b, std::vector<SlotTerm>& terms) {
+                                           const int64_t end = std::min(nt, int64_t(b + 1) * kCombineTokens);
+                                           for (int64_t tl = int64_t(b) * kCombineTokens; tl < end; ++tl)
+                                             combine_one(tl, terms);
+                                         });
     if (model && opt.requant_terms) {
       std::vector<ExpertSlots> ex;
       for (const ExpertJob& j : jobs) ex.push_back({j.expert, &j.slots});

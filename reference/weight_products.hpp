@@ -25,6 +25,8 @@ class WeightProducts {
                         int64_t B, double* out) = 0;
   // What runs the products, in words ("NVIDIA H100 80GB HBM3 (sm_90, ...), cuBLAS DGEMM").
   virtual std::string describe() const = 0;
+  // What the engine did so far, in words (products, bytes moved, time busy); may be empty.
+  virtual std::string activity() const { return ""; }
 };
 
 }  // namespace moecheck
