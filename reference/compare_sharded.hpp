@@ -6,8 +6,11 @@
 //              (reduction_interval): a bf16 accumulation, a partial added twice or left out fails
 //              there; the rank whose partial best explains the residual is named when one does;
 //   whole      the output against the unsharded reference: |out - o| <= sum_r budget_r + the
-//              reduction's roundings + |sum_r o_r - o| (what the sharded recipe's own roundings
-//              change: 0 up to double rounding for the default recipe).
+//              reduction's roundings + what the sharded recipe's own per-rank roundings change
+//              (sharded_recipe_is_exact: then only the double evaluations', a 2^-10 share of the
+//              budgets, so a slice that is wrong in the shard references too still fails here;
+//              else |sum_r o_r - o| as the references compute it).
+// Sizes that do not match the layer are InputError.
 #pragma once
 
 #include <string>

@@ -13,7 +13,7 @@ namespace moecheck {
 std::string_view to_string(ShardKind k) { return k == ShardKind::tp ? "tp" : "ep"; }
 
 void require_shardable(const MoeConfig& c, const ShardPlan& s, const std::string& source) {
-  const std::string where = s.kind == ShardKind::tp ? "--tp" : "--ep";
+  const std::string where = fmt::format("{} {}", to_string(s.kind), s.ranks);
   if (s.ranks < 1) throw InputError(source, where, fmt::format("must be at least 1, got {}", s.ranks));
   if (c.local_expert_offset != 0 || c.local_experts() != c.num_experts)
     throw InputError(source, where, "the case must hold the whole layer (local_expert_offset 0, every expert local)");
@@ -80,6 +80,11 @@ MoeProblem shard_problem(const MoeProblem& full, const ShardPlan& s, int64_t ran
   const int64_t ranks = s.ranks;
   p.load_expert = [load, fc, ranks, rank](int64_t e) { return tp_slice(load(e), fc, ranks, rank); };
   return p;
+}
+
+bool sharded_recipe_is_exact(const MoeConfig& c, ShardKind kind) {
+  if (kind == ShardKind::ep) return c.recipe.combine != Combine::bf16_expert_order;
+  return c.recipe.combine == Combine::f32 && c.recipe.expert_output_dtype != Precision::bf16;
 }
 
 std::vector<float> reduce_partials(const std::vector<std::vector<float>>& partials) {

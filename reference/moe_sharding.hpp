@@ -28,13 +28,20 @@ struct ShardPlan {
   int64_t ranks = 1;
 };
 
-// Throws InputError(source, "--tp" or "--ep", rule) when the layer cannot be split so.
+// Throws InputError(source, "tp N" or "ep N", rule) when the layer cannot be split so.
 void require_shardable(const MoeConfig& c, const ShardPlan& s, const std::string& source = "");
 
 // The problem rank `rank` runs: its config (TP: intermediate_size I/N; EP: its expert range) and
 // a loader that returns its slice of each expert's weights (TP: copied out of the full expert's;
 // EP: the full expert's). The full problem must outlive it.
 MoeProblem shard_problem(const MoeProblem& full, const ShardPlan& s, int64_t rank);
+
+// Whether the sharded recipe computes the unsharded layer's value in exact arithmetic: no rounding
+// of a per-rank partial sum inside the recipe (TP: expert_output_dtype bf16 rounds each rank's
+// partial slot output, the bf16 combines round per-rank partial sums; EP: bf16_expert_order's
+// running sum restarts on every rank). Then the sharded and unsharded references differ by their
+// double evaluations only.
+bool sharded_recipe_is_exact(const MoeConfig& c, ShardKind kind);
 
 // The contract's reduction: bf16(float32 sum of the partials in rank order), [T * H].
 std::vector<float> reduce_partials(const std::vector<std::vector<float>>& partials);

@@ -1,12 +1,16 @@
 // A layer over N tensor- or expert-parallel ranks on the emulated backend (CI's stand-in for a
 // multi-GPU run; reference/moe_sharding.hpp, kernels/emulated/emulated_sharded.hpp), judged as one
-// layer by compare_sharded: correct runs pass for N = 2, 4, 8; each sharding fault is caught, with
-// the rank named where one rank is at fault.
+// layer by compare_sharded: correct runs pass for N = 2, 4, 8 (and under a recipe that rounds per
+// rank); each sharding fault is caught, with the rank named where one rank is at fault; the TP
+// slice is the make-case generator's rank slice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fmt/format.h>
 #include <iostream>
 
+#include "golden/case_generator.hpp"
+#include "golden/case_problem.hpp"
 #include "kernels/emulated/emulated_sharded.hpp"
 #include "reference/compare_sharded.hpp"
 #include "reference/errors.hpp"
@@ -52,6 +56,57 @@ TEST(ShardedEmulated, CorrectRunsPassOnTwoFourAndEightRanks) {
       EXPECT_EQ(r.verdict.reduction_outside, 0) << label(plan);
       EXPECT_LE(r.verdict.whole_max_ratio, 1.0) << label(plan);
     }
+}
+
+TEST(ShardedEmulated, AnEngineRecipeWithPerRankRoundingsPasses) {
+  // SGLang's recipe: bf16 slot outputs and bf16 per-slot values, rounded on each rank's partial
+  // sums under TP (the whole-layer bound then takes the references' own difference).
+  MoeConfig c = layer_config();
+  c.recipe.combine = Combine::bf16_slots, c.recipe.expert_output_dtype = Precision::bf16;
+  const testing::SmallLayer L = testing::make_small_layer(c, 24, 8, true);
+  for (ShardKind kind : {ShardKind::tp, ShardKind::ep}) {
+    const ShardPlan plan{kind, 4};
+    const ShardedRun r = run_and_judge(L, plan);
+    EXPECT_TRUE(r.verdict.pass) << label(plan) << "\n" << r.verdict.text();
+  }
+}
+
+// The TP slice of shard_problem against the make-case generator's own slicing of the same layer
+// (golden/: a rank's weights are rows / columns of the unsliced case), both gate_up layouts.
+TEST(ShardedEmulated, TheTpSliceIsTheGeneratorsRankSlice) {
+  for (GateUpLayout layout : {GateUpLayout::gate_up, GateUpLayout::up_gate}) {
+    GeneratorOptions g;
+    g.preset = "small-deepseek", g.tokens = 4, g.seed = 11, g.gate_up_layout = layout;
+    const std::string full_path = ::testing::TempDir() + "sharded-full.h5";
+    write_case(plan_case(g, full_path), full_path);
+    const CaseProblem full(full_path);
+    const ShardPlan plan{ShardKind::tp, 2};
+    for (int64_t r = 0; r < 2; ++r) {
+      GeneratorOptions gr = g;
+      gr.tp = 2, gr.tp_rank = r;
+      const std::string rank_path = ::testing::TempDir() + "sharded-rank.h5";
+      write_case(plan_case(gr, rank_path), rank_path);
+      const CaseProblem rank(rank_path);
+      const MoeProblem mine = shard_problem(full.problem(), plan, r);
+      ASSERT_EQ(mine.config.intermediate_size, rank.config().intermediate_size);
+      const int64_t H = mine.config.hidden_size, I = mine.config.intermediate_size, B = mine.config.weight_block;
+      const size_t n13 = size_t(2 * I * H), n2 = size_t(H * I), s13 = size_t(2 * I / B * ceil_div(H, B)),
+                   s2 = size_t(ceil_div(H, B) * (I / B));
+      int64_t compared = 0;
+      for (int64_t e : rank.problem().stored_experts) {
+        if (std::find(full.problem().stored_experts.begin(), full.problem().stored_experts.end(), e) ==
+            full.problem().stored_experts.end())
+          continue;
+        const ExpertView a = mine.load_expert(e), b = rank.problem().load_expert(e);
+        EXPECT_TRUE(std::equal(a.w13, a.w13 + n13, b.w13)) << "w13 of expert " << e << ", rank " << r;
+        EXPECT_TRUE(std::equal(a.w2, a.w2 + n2, b.w2)) << "w2 of expert " << e << ", rank " << r;
+        EXPECT_TRUE(std::equal(a.w13_scale, a.w13_scale + s13, b.w13_scale)) << "w13 scales, expert " << e;
+        EXPECT_TRUE(std::equal(a.w2_scale, a.w2_scale + s2, b.w2_scale)) << "w2 scales, expert " << e;
+        ++compared;
+      }
+      EXPECT_GT(compared, 0);
+    }
+  }
 }
 
 TEST(ShardedEmulated, AMisplacedTpSliceFailsOnItsRank) {
