@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "kernels/cuda_check.hpp"
-#include "kernels/fp64_weight_products.hpp"
+#include "kernels/fp64_dequantize.hpp"
 
 namespace moecheck::kernels {
 

@@ -13,13 +13,13 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <stdexcept>
 #include <condition_variable>
 #include <fmt/format.h>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/fp64_dequantize.hpp"
 #include "kernels/gpu_backend.hpp"
 #include "reference/errors.hpp"
 
@@ -60,15 +60,21 @@ struct Context {
   cublasHandle_t handle = nullptr;
   Grown codes, scales, w, a, out;
   Context() {
-    MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    FP64_CUBLAS_CHECK(cublasCreate(&handle));
-    FP64_CUBLAS_CHECK(cublasSetStream(handle, stream));
-    // Pedantic: the prescribed precision in every phase (no TF32-like or emulated FP64 paths).
-    FP64_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+    try {
+      MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      FP64_CUBLAS_CHECK(cublasCreate(&handle));
+      FP64_CUBLAS_CHECK(cublasSetStream(handle, stream));
+      // Pedantic: the prescribed precision in every phase (no TF32-like or emulated FP64 paths).
+      FP64_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+    } catch (...) {
+      release_handles();
+      throw;
+    }
   }
-  ~Context() {
-    if (handle) cublasDestroy(handle);
-    if (stream) cudaStreamDestroy(stream);
+  ~Context() { release_handles(); }
+  void release_handles() {
+    if (handle) cublasDestroy(handle), handle = nullptr;
+    if (stream) cudaStreamDestroy(stream), stream = nullptr;
   }
 };
 
@@ -80,13 +86,15 @@ class CudaWeightProducts final : public WeightProducts {
                 double* out) override {
     if (n == 0) return;
     if (n > INT_MAX || N > INT_MAX || K > INT_MAX)
-      throw std::invalid_argument(
-          fmt::format("fp64 weight products: [{} x {}] x [{} x {}]^T exceeds cuBLAS's int dimensions", n, K, N, K));
+      throw InputError("", "--device", fmt::format("cuda: a [{} x {}] x [{} x {}]^T product exceeds cuBLAS's int "
+                                                   "dimensions; use --device cpu",
+                                                   n, K, N, K));
     Context& c = acquire();
     const auto t0 = std::chrono::steady_clock::now();
     try {
       run(c, a, n, codes, scales, N, K, B, out);
     } catch (...) {
+      cudaStreamSynchronize(c.stream);  // nothing of the failed product may still be running
       release(c);
       throw;
     }

@@ -713,14 +713,16 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   }
   res.output.assign(static_cast<size_t>(T * H), 0.0);
   if (keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
-  // With another engine's products every token goes in one chunk, so each expert's weights
-  // travel to it once.
-  const int64_t chunk = keep_slots || opt.products ? std::max<int64_t>(T, 1)
-                                           : std::max<int64_t>(1, kSlotBufferBytes / (8 * k * std::max<int64_t>(H, 1)));
+  // With another engine's products a chunk may hold 8x more slot outputs (4 GiB: every token of
+  // a DeepSeek-V3 layer at T = 4096), since each chunk sends every expert's weights to it again.
+  const int64_t slot_bytes = opt.products ? 8 * kSlotBufferBytes : kSlotBufferBytes;
+  const int64_t chunk = keep_slots ? std::max<int64_t>(T, 1)
+                                   : std::max<int64_t>(1, slot_bytes / (8 * k * std::max<int64_t>(H, 1)));
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   std::mutex load_mutex;
   std::vector<double> chunk_slots;
-  std::vector<int32_t> ran(static_cast<size_t>(c.num_experts), 0);  // experts run in any chunk
+  // Experts run in any chunk (int32_t: GCC 12 warns falsely, -Wfree-nonheap-object, on a char vector here).
+  std::vector<int32_t> ran(static_cast<size_t>(c.num_experts), 0);
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t nt = std::min(chunk, T - t0);

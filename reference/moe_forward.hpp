@@ -98,7 +98,9 @@ struct ForwardOptions {
   // Where the two weight products of each expert run (weight_products.hpp); nullptr: Eigen on
   // this CPU. Everything else (routing, activation quantization, SiLU and the re-quantization of
   // h, the combine) stays on the CPU, the same code either way. Not with budget or ideal_bound,
-  // whose extra products ride on the CPU's weight panels (std::invalid_argument).
+  // whose extra products ride on the CPU's weight panels (std::invalid_argument). Tokens go in
+  // chunks of up to 4 GiB of slot outputs (512 MiB on the CPU): each chunk sends every routed
+  // expert's weights to the engine.
   WeightProducts* products = nullptr;
 };
 

@@ -49,6 +49,7 @@ TEST(GpuReference, AgreesWithTheCpuReferenceOnTheGateSweep) {
   }
   std::cout << tally.summary(fmt::format("{} sweep cases x 2 tiers on {}", cases, gpu->describe())) << "\n";
   EXPECT_EQ(tally.outside, 0) << tally.first_outside;
+  EXPECT_GT(tally.elements, 0) << "MOECHECK_CASES=" << cases << ": nothing was compared";
 }
 
 TEST(GpuReference, AgreesWithTheCpuReferenceOnALargerLayer) {

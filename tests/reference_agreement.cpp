@@ -27,6 +27,11 @@ Mat dequantize(const uint8_t* codes, const float* scales, int64_t N, int64_t K, 
   return w;
 }
 
+// [lo, hi] computed in round-to-nearest, each end moved outward by one double rounding.
+Interval outward(double lo, double hi) {
+  return {lo - std::fabs(lo) * 0x1p-52 - 0x1p-1074, hi + std::fabs(hi) * 0x1p-52 + 0x1p-1074};
+}
+
 // The product of two intervals, widened by one double rounding of the largest corner.
 Interval product_interval(Interval a, Interval b) {
   const double c[4] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
@@ -81,8 +86,10 @@ Agreement agreement_interval(const MoeProblem& p, Tier tier, const Routing& rt) 
       const Eigen::Map<const Eigen::VectorXd> av(a.data(), H);
       const Eigen::VectorXd x = W13 * av, m1 = A13 * av.cwiseAbs();
       for (int64_t i = 0; i < I; ++i) {
-        const double dg = 2 * gamma(H) * m1[gate0 + i] * (1 + 0x1p-50), du = 2 * gamma(H) * m1[up0 + i] * (1 + 0x1p-50);
-        Interval g{x[gate0 + i] - dg, x[gate0 + i] + dg}, u{x[up0 + i] - du, x[up0 + i] + du};
+        // m1 is itself a double sum of non-negative terms: within gamma_H of its exact value.
+        const double dg = 2 * gamma(H) * m1[gate0 + i] * (1 + 2 * gamma(H)),
+                     du = 2 * gamma(H) * m1[up0 + i] * (1 + 2 * gamma(H));
+        Interval g = outward(x[gate0 + i] - dg, x[gate0 + i] + dg), u = outward(x[up0 + i] - du, x[up0 + i] + du);
         if (tier == Tier::ideal) {
           const Interval h = product_interval(silu_interval(g, 0), u);
           ilo[i] = h.lo, ihi[i] = h.hi;
@@ -105,15 +112,19 @@ Agreement agreement_interval(const MoeProblem& p, Tier tier, const Routing& rt) 
         for (int64_t g0 = 0; g0 < I; g0 += G)
           requant_deviation(ilo.data() + g0, ihi.data() + g0, href.data() + g0, std::min(G, I - g0), rule, slack,
                             dev.data() + g0);
-        for (int64_t i = 0; i < I; ++i) ilo[i] = href[i] - dev[i], ihi[i] = href[i] + dev[i];
+        for (int64_t i = 0; i < I; ++i) {
+          const Interval h = outward(href[i] - dev[i], href[i] + dev[i]);
+          ilo[i] = h.lo, ihi[i] = h.hi;
+        }
       }
       Eigen::VectorXd hc(I), hr(I);
       for (int64_t i = 0; i < I; ++i) hc[i] = 0.5 * (ilo[i] + ihi[i]), hr[i] = 0.5 * (ihi[i] - ilo[i]);
       const Eigen::VectorXd y = W2 * hc, rad = A2 * hr, mag = A2 * (hc.cwiseAbs() + hr);
       for (int64_t o = 0; o < H; ++o) {
         // Two engines' GEMM2 roundings plus this file's own evaluation of the centre and radius.
-        const double d = (rad[o] + 3 * gamma(I) * mag[o]) * (1 + 0x1p-50) + 0x1p-1074;
-        double lo = y[o] - d, hi = y[o] + d;
+        const double d = (rad[o] + 3 * gamma(I) * mag[o]) * (1 + 2 * gamma(I)) + 0x1p-1074;
+        const Interval yi = outward(y[o] - d, y[o] + d);
+        double lo = yi.lo, hi = yi.hi;
         if (tier == Tier::quantized && c.recipe.expert_output_dtype == Precision::bf16)
           lo = bf16_of_f32(lo), hi = bf16_of_f32(hi);
         A.slot_lo[size_t(s * H + o)] = lo, A.slot_hi[size_t(s * H + o)] = hi;
@@ -150,6 +161,7 @@ void check_inside(const std::vector<double>& v, const std::vector<double>& lo, c
     }
     tally.widest = std::max(tally.widest, (hi[i] - lo[i]) / scale);
   }
+  tally.checked += int64_t(v.size());
 }
 
 // The CPU's and the engine's forwards of one tier, checked against the agreement interval.
@@ -180,6 +192,7 @@ void compare_engines(const MoeProblem& p, Tier tier, WeightProducts& products, c
   }
   tally.elements += int64_t(cpu.output.size());
   tally.outside += t.outside;
+  tally.checked += t.checked;
   tally.widest = std::max(tally.widest, t.widest);
 }
 
@@ -194,9 +207,10 @@ std::string AgreementTally::summary(const std::string& what) const {
   const double n = double(std::max<int64_t>(1, elements));
   return fmt::format("{}: {} outputs, {} bit-identical ({:.1f} %), largest |cpu - engine| {:.3g}; agreement interval "
                      "wider than 2^-30 (a rounding boundary within reach) for {} ({:.2f} %), widest {:.3g} (all relative "
-                     "to the largest |output| of each case); {} outside",
+                     "to the largest |output| of each case); {} of {} checked values (outputs and slot outputs of "
+                     "both forwards) outside",
                      what, elements, identical, 100.0 * double(identical) / n, largest_diff, wide,
-                     100.0 * double(wide) / n, widest, outside);
+                     100.0 * double(wide) / n, widest, outside, checked);
 }
 
 }  // namespace moecheck::testing

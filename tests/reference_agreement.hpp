@@ -1,10 +1,13 @@
 // The agreement interval of two float64 references whose weight products run on different
-// engines (reference/weight_products.hpp; BUDGETS.md §11), computed independently of both, and
-// a check of two engines' forwards against it. Used by reference_products_test (CPU engines) and
+// engines (reference/weight_products.hpp; BUDGETS.md §11), computed with products of its own
+// (it shares the reference's rounding, re-quantization range and combine functions, so it finds
+// engines that disagree, not a bug in those functions), and a check of two engines' forwards
+// against it. Used by reference_products_test (CPU engines) and
 // gpu_reference_test (the GPU's).
 //
 //   x:    both engines' GEMM1 outputs lie within 2 gamma_H sum|a||W13| of this file's own double
-//         product (each is within gamma_H of the exact one, and so is this file's);
+//         product (each is within gamma_H of the exact one, and so is this file's; the magnitude
+//         sum itself within gamma_H); every interval end moved outward by one double rounding;
 //   h:    the tier's steps on intervals: rounding to intermediate_dtype (monotone), SiLU's range
 //         (reference/moe_budget.hpp silu_interval, no float32 slack), the product's corners
 //         widened by one double rounding, rounding again, and for the quantized tier the group
@@ -33,7 +36,8 @@ struct Agreement {
 Agreement agreement_interval(const MoeProblem& p, Tier tier, const Routing& rt);
 
 struct AgreementTally {
-  int64_t elements = 0, identical = 0, outside = 0;
+  int64_t elements = 0, identical = 0;  // outputs [T, H] of the CPU's forward, and those equal in the engine's
+  int64_t checked = 0, outside = 0;     // values checked (outputs and slot outputs of both forwards), outside
   int64_t wide = 0;  // outputs whose interval is wider than 2^-30 of the largest |output|: a rounding boundary in reach
   double widest = 0, largest_diff = 0;  // relative to the largest |output| of each case
   std::string first_outside;  // the first element outside, with its tier and the replay text

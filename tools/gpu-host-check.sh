@@ -35,6 +35,9 @@ chmod +x "$B/moecheck"
 status=0
 steps=",${STEPS:-tests,reference,cpu,gate,bench,python},"
 want() { [[ $steps == *",$1,"* ]]; }
+for s in ${STEPS//,/ }; do
+  case $s in tests|reference|cpu|gate|bench|python) ;; *) echo "STEPS: unknown step '$s' (tests, reference, cpu, gate, bench, python)" >&2; exit 2 ;; esac
+done
 
 if want tests; then
 echo "== GPU tests and SASS =="

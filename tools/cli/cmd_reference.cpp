@@ -3,7 +3,8 @@
 // (atomically, into the case or into a copy OUT), with the tool version and the hash of the inputs
 // it read. --device cuda runs the weight products on the GPU (BUDGETS.md §11 bounds how far that
 // may differ from the CPU's); budgets are computed on the CPU only, so that quantized tier is
-// stored without one and `compare` computes it.
+// stored without one (replacing a stored tier that had one), and `compare` computes its own
+// quantized reference with the budget again on the CPU.
 #include <chrono>
 #include <fmt/format.h>
 #include <iostream>
