@@ -17,12 +17,7 @@ namespace {
 using testing::make_small_layer;
 using testing::SmallLayer;
 
-MoeConfig dsv3_small() {
-  MoeConfig c;
-  c.num_experts = 16, c.top_k = 4, c.hidden_size = 256, c.intermediate_size = 256;
-  c.routing = RoutingMethod::deepseek_v3, c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5;
-  return c;
-}
+using testing::dsv3_small;
 
 struct Fixture {
   SmallLayer L;

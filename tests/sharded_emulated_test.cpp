@@ -19,13 +19,8 @@
 namespace moecheck {
 namespace {
 
-// DeepSeek-V3-style routing; I = 1024 splits into 8 slices of one 128-wide block.
-MoeConfig layer_config() {
-  MoeConfig c;
-  c.num_experts = 16, c.top_k = 4, c.hidden_size = 256, c.intermediate_size = 1024;
-  c.routing = RoutingMethod::deepseek_v3, c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5;
-  return c;
-}
+// I = 1024 splits into 8 tensor-parallel slices of one 128-wide block.
+MoeConfig layer_config() { return testing::dsv3_small(1024); }
 
 struct ShardedRun {
   ShardedOutput out;
@@ -109,24 +104,26 @@ TEST(ShardedEmulated, TheTpSliceIsTheGeneratorsRankSlice) {
   }
 }
 
-TEST(ShardedEmulated, AMisplacedTpSliceFailsOnItsRank) {
+// One rank at fault: the layer fails, that rank fails, every other rank passes.
+void expect_only_rank_fails(ShardPlan plan, const ShardedOptions& so, const char* what) {
   const testing::SmallLayer L = testing::make_small_layer(layer_config(), 24, 7, true);
+  const ShardedRun r = run_and_judge(L, plan, so);
+  std::cout << label(plan) << ", " << what << ": " << r.verdict.text();
+  EXPECT_FALSE(r.verdict.pass) << r.verdict.text();
+  for (int64_t k = 0; k < plan.ranks; ++k)
+    EXPECT_EQ(r.verdict.ranks[k].pass, k != so.fault_rank) << "rank " << k << "\n" << r.verdict.text();
+}
+
+TEST(ShardedEmulated, AMisplacedTpSliceFailsOnItsRank) {
   ShardedOptions so;
   so.shard_fault = ShardFault::tp_slice_misplaced, so.fault_rank = 1;
-  const ShardedRun r = run_and_judge(L, {ShardKind::tp, 4}, so);
-  std::cout << "tp 4, rank 1's W2 slice misplaced: " << r.verdict.text();
-  EXPECT_FALSE(r.verdict.pass) << r.verdict.text();
-  for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(r.verdict.ranks[k].pass, k != 1) << "rank " << k << "\n" << r.verdict.text();
+  expect_only_rank_fails({ShardKind::tp, 4}, so, "rank 1's W2 slice misplaced");
 }
 
 TEST(ShardedEmulated, AnIgnoredExpertOffsetFailsOnItsRank) {
-  const testing::SmallLayer L = testing::make_small_layer(layer_config(), 24, 7, true);
   ShardedOptions so;
   so.fault = Fault::ep_offset_ignored, so.fault_rank = 2;
-  const ShardedRun r = run_and_judge(L, {ShardKind::ep, 4}, so);
-  std::cout << "ep 4, rank 2 ignores its expert offset: " << r.verdict.text();
-  EXPECT_FALSE(r.verdict.pass) << r.verdict.text();
-  for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(r.verdict.ranks[k].pass, k != 2) << "rank " << k << "\n" << r.verdict.text();
+  expect_only_rank_fails({ShardKind::ep, 4}, so, "rank 2 ignores its expert offset");
 }
 
 TEST(ShardedEmulated, ABf16ReductionFailsTheReduction) {

@@ -46,6 +46,15 @@ struct SmallLayer {
   }
 };
 
+// A small DeepSeek-V3-style layer: 16 experts in 4 groups (top-2 groups), top-4, H = 256,
+// routed scaling factor 2.5; I as given (1024 splits into 8 tensor-parallel slices of one block).
+inline MoeConfig dsv3_small(int64_t intermediate = 256) {
+  MoeConfig c;
+  c.num_experts = 16, c.top_k = 4, c.hidden_size = 256, c.intermediate_size = intermediate;
+  c.routing = RoutingMethod::deepseek_v3, c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5;
+  return c;
+}
+
 // A random FP8 code that is not NaN, magnitudes spread over the whole e4m3 range.
 inline uint8_t random_code(const CounterRng& r, uint64_t i) {
   uint8_t c = static_cast<uint8_t>(r.bits(i) & 0xFF);
