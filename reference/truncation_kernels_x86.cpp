@@ -116,19 +116,19 @@ inline __m512 weight_operand(const float* const* w, int q, int64_t k) {
 inline __m512 fold(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)); }
 inline __m512 evens(__m512 x, __m512 y) { return _mm512_shuffle_ps(x, y, 0x88); }
 inline __m512 odds(__m512 x, __m512 y) { return _mm512_shuffle_ps(x, y, 0xDD); }
-inline __m512 hsum4_pair(const __m512* v) {
+template <class Op>
+inline __m512 combine4_pair(const __m512* v, Op op) {
   __m512 a[4];
-  for (int q = 0; q < 4; ++q) a[q] = _mm512_add_ps(v[q], fold(v[q]));
-  const __m512 ab = _mm512_add_ps(evens(a[0], a[1]), odds(a[0], a[1]));
-  const __m512 cd = _mm512_add_ps(evens(a[2], a[3]), odds(a[2], a[3]));
-  return _mm512_add_ps(evens(ab, cd), odds(ab, cd));
+  for (int q = 0; q < 4; ++q) a[q] = op(v[q], fold(v[q]));
+  const __m512 ab = op(evens(a[0], a[1]), odds(a[0], a[1]));
+  const __m512 cd = op(evens(a[2], a[3]), odds(a[2], a[3]));
+  return op(evens(ab, cd), odds(ab, cd));
+}
+inline __m512 hsum4_pair(const __m512* v) {
+  return combine4_pair(v, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
 }
 inline __m512 hmax4_pair(const __m512* v) {
-  __m512 a[4];
-  for (int q = 0; q < 4; ++q) a[q] = _mm512_max_ps(v[q], fold(v[q]));
-  const __m512 ab = _mm512_max_ps(evens(a[0], a[1]), odds(a[0], a[1]));
-  const __m512 cd = _mm512_max_ps(evens(a[2], a[3]), odds(a[2], a[3]));
-  return _mm512_max_ps(evens(ab, cd), odds(ab, cd));
+  return combine4_pair(v, [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); });
 }
 inline __m512i hsum4i_pair(const __m512i* v) {  // integer counts: any order is exact
   __m512 a[4];
