@@ -12,6 +12,16 @@
 #include "reference/moe_combine.hpp"
 
 namespace moecheck::testing {
+
+std::vector<double> dequantize_weight(const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B) {
+  std::vector<double> w(size_t(N * K));
+  const int64_t kb = ceil_div(K, B);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < K; ++c)
+      w[size_t(r * K + c)] = fp8_decode(codes[r * K + c], Fp8Format::e4m3fn) * double(scales[(r / B) * kb + c / B]);
+  return w;
+}
+
 namespace {
 
 using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -19,12 +29,7 @@ constexpr double kU = 0x1p-53;
 double gamma(int64_t n) { return double(n) * kU / (1 - double(n) * kU); }
 
 Mat dequantize(const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B) {
-  Mat w(N, K);
-  const int64_t kb = ceil_div(K, B);
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t c = 0; c < K; ++c)
-      w(r, c) = fp8_decode(codes[r * K + c], Fp8Format::e4m3fn) * double(scales[(r / B) * kb + c / B]);
-  return w;
+  return Eigen::Map<const Mat>(dequantize_weight(codes, scales, N, K, B).data(), N, K);
 }
 
 // [lo, hi] computed in round-to-nearest, each end moved outward by one double rounding.

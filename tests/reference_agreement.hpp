@@ -28,6 +28,9 @@
 
 namespace moecheck::testing {
 
+// An FP8 weight [N, K] dequantized exactly in double (decode(code) * its block's scale), row-major.
+std::vector<double> dequantize_weight(const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B);
+
 // Per output element [T, H] and per slot output [T, k, H]: the interval every float64 engine's
 // result of this tier lies in.
 struct Agreement {

@@ -27,17 +27,13 @@ class ReversedSums final : public WeightProducts {
   explicit ReversedSums(double skew = 0) : skew_(skew) {}
   void multiply(const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
                 double* out) override {
-    const int64_t kb = ceil_div(K, B);
-    std::vector<double> w(static_cast<size_t>(K));
-    for (int64_t o = 0; o < N; ++o) {
-      for (int64_t c = 0; c < K; ++c)
-        w[c] = fp8_decode(codes[o * K + c], Fp8Format::e4m3fn) * double(scales[(o / B) * kb + c / B]);
+    const std::vector<double> w = testing::dequantize_weight(codes, scales, N, K, B);
+    for (int64_t o = 0; o < N; ++o)
       for (int64_t r = 0; r < n; ++r) {
         double acc = 0;
-        for (int64_t c = K - 1; c >= 0; --c) acc += a[r * K + c] * w[c];
+        for (int64_t c = K - 1; c >= 0; --c) acc += a[r * K + c] * w[size_t(o * K + c)];
         out[r * N + o] = acc * (1 + skew_);
       }
-    }
   }
   std::string describe() const override { return "reversed sums"; }
 
