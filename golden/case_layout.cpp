@@ -189,6 +189,8 @@ std::vector<Spec> reference_specs(const MoeConfig& c, bool ok, int64_t T) {
       {"noise_var", Encoding::f64, {t, h}, Presence::optional},
       {"slot_flip_projection", Encoding::f64, {t, k}, Presence::optional},
       {"slot_noise_var", Encoding::f64, {t, k, h}, Presence::optional},
+      {"requant_direction", Encoding::f64, {t, h}, Presence::optional},
+      {"requant_terms", Encoding::f64, {t, known(4, "4", true)}, Presence::optional},
   };
 }
 

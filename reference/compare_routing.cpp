@@ -149,19 +149,14 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   or_budget_squared(J.noise_var, J.budget);
   or_budget_squared(J.slot_noise_var, J.slot_budget);
   if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
-  J.requant_direction = ref.requant_direction, J.requant_var = ref.requant_var, J.requant_mean = ref.requant_mean;
-  J.requant_mean_bound = ref.requant_mean_bound;
-  if (J.requant_direction.size() != size_t(T * H) || J.requant_var.size() != size_t(T) ||
-      J.requant_mean.size() != size_t(T) || J.requant_mean_bound.size() != size_t(T))
-    J.requant_direction.clear(), J.requant_var.clear(), J.requant_mean.clear(), J.requant_mean_bound.clear();
+  J.requant = ref.requant;
+  if (!J.requant.complete(T, H)) J.requant.clear();
 
   const Reruns rr = find_near_ties(p, ref, obs, model, R);
   if (!rr.tokens.empty()) {
-    const ForwardResult alt = rerun_reference(p, rr, model, !J.requant_direction.empty());
-    const size_t n = rr.tokens.size();
-    if (alt.requant_direction.size() != n * H || alt.requant_var.size() != n || alt.requant_mean.size() != n ||
-        alt.requant_mean_bound.size() != n)  // the re-run could not follow: no test rather than a partial one
-      J.requant_direction.clear(), J.requant_var.clear(), J.requant_mean.clear(), J.requant_mean_bound.clear();
+    const ForwardResult alt = rerun_reference(p, rr, model, !J.requant.direction.empty());
+    // The re-run could not follow: no test rather than a partial one.
+    if (!alt.requant.complete(int64_t(rr.tokens.size()), H)) J.requant.clear();
     for (size_t i = 0; i < rr.tokens.size(); ++i) {
       const int64_t t = rr.tokens[i];
       bool take = !obs.topk_ids.empty();
@@ -183,11 +178,7 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
       std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
       if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
-      if (!J.requant_direction.empty()) {
-        std::copy_n(&alt.requant_direction[i * H], H, &J.requant_direction[t * H]);
-        J.requant_var[t] = alt.requant_var[i], J.requant_mean[t] = alt.requant_mean[i];
-        J.requant_mean_bound[t] = alt.requant_mean_bound[i];
-      }
+      if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H);
       std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
     }

@@ -35,9 +35,8 @@ struct JudgedReference {
   // the device rounds its output (bf16_of_f32; BUDGETS.md §10.3)
   std::vector<double> center;
   std::vector<double> flip_projection;            // [T, k], or empty when the reference has none
-  // The re-quantization test's terms (ForwardResult::requant_*), or empty when the reference has none.
-  std::vector<double> requant_direction;           // [T, H]
-  std::vector<double> requant_var, requant_mean, requant_mean_bound;  // [T]
+  // The re-quantization test's terms (ForwardResult::requant), or empty when the reference has none.
+  RequantTerms requant;
   std::vector<int32_t> ids;                       // [T, k]
   std::vector<double> weights;                    // [T, k]
 };

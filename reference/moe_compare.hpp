@@ -40,7 +40,7 @@ struct CompareOptions {
   bool allow_vacuous = false;  // a vacuous output without failed checks counts as passing (still labelled vacuous)
   // Run the re-quantization test (BUDGETS.md §10.7); the reference must then carry its terms
   // (ForwardOptions::requant_terms), else the test reports "not fitted".
-  bool requant_test = false;
+  bool requant_test = true;
 };
 
 struct ExpertVerdict {

@@ -242,7 +242,9 @@ struct Scratch {
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
   std::vector<double> panel, lut, abs_panel, tscratch;
   Float32Buffers sq_buf;  // noise model: the squares products in float32
-  RowMat hq, rq, hmean, hmb, hfv;  // re-quantization test (§10.7): h_deq - h [n, I], its GEMM2 [n, H], RequantMoments
+  // Re-quantization test (§10.7): the weighted h_deq - h [n, I] and its GEMM2 [n, H], h_deq - h
+  // itself, RequantMoments.
+  RowMat hq, rq, hdelta, hmean, hmb, hfv, hcell;
   Float32Buffers lin_buf;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
@@ -467,7 +469,10 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n);
   const bool requant = budget && bc.requant.r;
-  if (requant) s.hq.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
+  if (requant) {
+    s.hq.resize(n, I), s.hdelta.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
+    s.hcell.resize(n, I);
+  }
   if (bc.ideal) s.qh.resize(n, I);
   for (int64_t r = 0; r < n; ++r) {
     const double* xr = s.x.row(r).data();
@@ -496,17 +501,22 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // §10.2: the dequantized intermediate's variance, plus the GEMM2 promotion's term c2 |h|.
       double* hv = s.hvar.row(r).data();
       RequantMoments moments;
-      if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data()};
+      if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
       intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
                              s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr);
-      // §10.7: what the re-quantization changed, the direction a skipped one shows up along.
-      if (requant)
-        for (int64_t i = 0; i < I; ++i) s.hq(r, i) = hr[i] - double(s.hrow[i]);
       for (int64_t i = 0; i < I; ++i) {
         const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
         hv[i] += promotion;
         if (requant) s.hfv(r, i) += promotion;
       }
+      // §10.7: what the re-quantization changed (a skipped one moves the output by its GEMM2),
+      // and the test's direction: the same, each intermediate weighted by how unlikely a correct
+      // device is to have changed its code.
+      if (requant)
+        for (int64_t i = 0; i < I; ++i) {
+          s.hdelta(r, i) = hr[i] - double(s.hrow[i]);
+          s.hq(r, i) = requant_weight(s.hfv(r, i), s.hcell(r, i)) * s.hdelta(r, i);
+        }
     }
     if (budget && bc.chunked) {
       // Alignment floors of h (truncation_bound.hpp): 2^-6 of the largest scale the device may
@@ -595,6 +605,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       if (requant) {
         for (int64_t i = 0; i < H; ++i) bc.requant.r[slot * H + i] = float(s.rq(r, i));
         std::copy_n(s.hfv.row(r).data(), I, bc.requant.hvar + slot * I);
+        std::copy_n(s.hdelta.row(r).data(), I, bc.requant.delta + slot * I);
         std::copy_n(s.hmean.row(r).data(), I, bc.requant.hmean + slot * I);
         std::copy_n(s.hmb.row(r).data(), I, bc.requant.hmean_bound + slot * I);
       }
@@ -663,7 +674,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   BudgetCtx bc;
   std::vector<double> act_dev;
   std::vector<float> requant_r;                  // §10.7 per slot (requant_projection.hpp)
-  std::vector<double> requant_hvar, requant_hmean, requant_hmb;
+  std::vector<double> requant_hvar, requant_hmean, requant_hmb, requant_delta;
   if (model) {
     bc.model = model;
     bc.chunked = uses_chunked_truncation(model->acc);
@@ -703,6 +714,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     requant_hvar.assign(static_cast<size_t>(T * k * c.intermediate_size), 0.0);
     requant_hmean.assign(requant_hvar.size(), 0.0);
     requant_hmb.assign(requant_hvar.size(), 0.0);
+    requant_delta.assign(requant_hvar.size(), 0.0);
   }
 
   bc.ideal = ideal_bound;
@@ -752,7 +764,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
     // With a model the chunk is every token (keep_slots), so slot indices are global.
     if (model && opt.requant_terms)
-      bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data()};
+      bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data(),
+                    requant_delta.data()};
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {

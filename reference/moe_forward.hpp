@@ -104,6 +104,17 @@ struct ForwardOptions {
   WeightProducts* products = nullptr;
 };
 
+// The re-quantization test's reference terms (BUDGETS.md §10.7; requant_projection.hpp): the
+// test direction q_t = sum over local slots of w_j W2_j (a o (h_deq - h))_j [T, H], and per
+// token [T] a skipped re-quantization's projection on it <r_t, q_t> (signal), the variance, the
+// mean and a bound on the mean's unsigned part of the intermediate deviations' share of <d_t, q_t>.
+struct RequantTerms {
+  std::vector<double> direction, signal, var, mean, mean_bound;
+  bool complete(int64_t T, int64_t H) const;  // every field sized for T tokens
+  void clear();
+  void copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H);  // from's token i -> token t
+};
+
 struct ForwardResult {
   Tier tier = Tier::quantized;
   Routing routing;                      // ids, weights (rounded in the quantized tier), margins
@@ -120,11 +131,8 @@ struct ForwardResult {
   // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output
   // (BUDGETS.md §7).
   std::vector<double> slot_flip_projection;
-  // The re-quantization test (BUDGETS.md §10.7; requant_projection.hpp), with a budget model:
-  // r_t = sum over local slots of w_j W2_j (h_deq - h)_j [T, H], and per token [T] the variance,
-  // the mean and a bound on the mean's unsigned part of the intermediate deviations' share of
-  // <d_t, r_t>.
-  std::vector<double> requant_direction, requant_var, requant_mean, requant_mean_bound;
+  // The re-quantization test's terms (BUDGETS.md §10.7), with a budget model and requant_terms.
+  RequantTerms requant;
   // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].
   std::vector<double> ideal_bound;
   int64_t experts_run = 0;              // local experts that received at least one token

@@ -118,7 +118,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
       for (int64_t i = g0; i < g0 + n; ++i) {
         var[i] = worst_dev[i] * worst_dev[i];
-        if (rq) rq->mean[i] = 0, rq->mean_bound[i] = worst_dev[i], rq->var[i] = var[i];
+        if (rq) rq->mean[i] = 0, rq->mean_bound[i] = worst_dev[i], rq->var[i] = var[i], rq->cell[i] = worst_dev[i];
       }
       continue;
     }
@@ -155,6 +155,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
         // second moment is the crossings' (the floor at h's own variance, kept in var for the
         // fits' weights, is no deviation of h_deq).
         rq->var[i] = s * s * x.crossed + scale_terms;
+        rq->cell[i] = st;
       }
     }
   }

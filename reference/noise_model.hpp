@@ -45,11 +45,14 @@ double rounded_noise_var(double v, double vr, double var, Precision p);
 // mean, p_hi step_hi - p_lo step_lo; |E X - mean| <= mean_bound covers what has no known sign
 // (UE8M0 scale crossings; where the model does not apply, worst_dev with mean 0); var is X's
 // second moment from the crossings and the scale, without var's floor at h's own variance (a
-// deviation that crosses nothing leaves the code as it is).
+// deviation that crosses nothing leaves the code as it is); cell is the e4m3 step at the
+// reference's code times the group's scale, the size of one code's move in h's units (where the
+// model does not apply: worst_dev).
 struct RequantMoments {
   double* mean = nullptr;
   double* mean_bound = nullptr;
   double* var = nullptr;
+  double* cell = nullptr;
 };
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,

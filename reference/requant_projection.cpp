@@ -10,12 +10,31 @@
 
 namespace moecheck {
 
+double requant_weight(double var, double cell) {
+  const double c2 = kRequantWeightCell * cell * cell;
+  return c2 > 0 ? c2 / (c2 + var) : 0.0;
+}
+
+bool RequantTerms::complete(int64_t T, int64_t H) const {
+  const size_t t = size_t(T);
+  return direction.size() == t * size_t(H) && signal.size() == t && var.size() == t && mean.size() == t &&
+         mean_bound.size() == t;
+}
+
+void RequantTerms::clear() { *this = {}; }
+
+void RequantTerms::copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H) {
+  std::copy_n(&from.direction[size_t(i * H)], H, &direction[size_t(t * H)]);
+  signal[size_t(t)] = from.signal[size_t(i)], var[size_t(t)] = from.var[size_t(i)];
+  mean[size_t(t)] = from.mean[size_t(i)], mean_bound[size_t(t)] = from.mean_bound[size_t(i)];
+}
+
 namespace {
 
 using RowMatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 constexpr int64_t kRows = 32;  // weight rows dequantized at a time (within one block row)
 
-// r_t = sum over local slots of w_j r_j, in slot order.
+// q_t = sum over local slots of w_j r_j, in slot order.
 void combine_directions(const MoeConfig& c, const Routing& rt, const float* r, int64_t T, std::vector<double>& out) {
   const int64_t H = c.hidden_size, k = c.top_k;
   out.assign(static_cast<size_t>(T * H), 0.0);
@@ -37,8 +56,8 @@ struct Workspace {
   std::vector<double> panel, lut;
 };
 void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& in, const std::vector<double>& dir,
-                    const ExpertView& w, const std::vector<int64_t>& slots, Workspace& ws, double* slot_var,
-                    double* slot_mean, double* slot_bound) {
+                    const ExpertView& w, const std::vector<int64_t>& slots, Workspace& ws, double* slot_signal,
+                    double* slot_var, double* slot_mean, double* slot_bound) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, k = c.top_k;
   const int64_t n = static_cast<int64_t>(slots.size());
   ws.R.resize(n, H);
@@ -58,13 +77,16 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
     const double* hv = in.hvar + slot * I;
     const double* hm = in.hmean + slot * I;
     const double* hb = in.hmean_bound + slot * I;
-    double v = 0, m = 0, b = 0;
+    const double* dl = in.delta + slot * I;
+    double sig = 0, v = 0, m = 0, b = 0;
     for (int64_t i = 0; i < I; ++i) {
       const double g = ws.G(r, i);
+      sig += dl[i] * g;
       v += hv[i] * g * g;
       m += hm[i] * g;
       b += hb[i] * std::fabs(g);
     }
+    slot_signal[slot] = wj * sig;
     slot_var[slot] = wj * wj * v;
     slot_mean[slot] = wj * m;
     slot_bound[slot] = std::fabs(wj) * b;
@@ -78,25 +100,27 @@ void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSl
                          ForwardResult& res) {
   const MoeConfig& c = p.config;
   const int64_t T = p.tokens, k = c.top_k;
-  combine_directions(c, rt, in.r, T, res.requant_direction);
+  combine_directions(c, rt, in.r, T, res.requant.direction);
   std::vector<double> slot_var(static_cast<size_t>(T * k), 0.0), slot_mean(slot_var.size(), 0.0);
-  std::vector<double> slot_bound(slot_var.size(), 0.0);
+  std::vector<double> slot_bound(slot_var.size(), 0.0), slot_signal(slot_var.size(), 0.0);
   parallel_jobs<Workspace>(experts.size(), threads, [&](size_t i, Workspace& ws) {
     ExpertView w;
     {
       std::lock_guard<std::mutex> lock(load_mutex);
       w = p.load_expert(experts[i].expert);
     }
-    project_expert(c, rt, in, res.requant_direction, w, *experts[i].slots, ws, slot_var.data(), slot_mean.data(),
-                   slot_bound.data());
+    project_expert(c, rt, in, res.requant.direction, w, *experts[i].slots, ws, slot_signal.data(), slot_var.data(),
+                   slot_mean.data(), slot_bound.data());
   });
-  res.requant_var.assign(static_cast<size_t>(T), 0.0);
-  res.requant_mean.assign(static_cast<size_t>(T), 0.0);
-  res.requant_mean_bound.assign(static_cast<size_t>(T), 0.0);
+  res.requant.signal.assign(static_cast<size_t>(T), 0.0);
+  res.requant.var.assign(static_cast<size_t>(T), 0.0);
+  res.requant.mean.assign(static_cast<size_t>(T), 0.0);
+  res.requant.mean_bound.assign(static_cast<size_t>(T), 0.0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t s = t * k + j;
-      res.requant_var[t] += slot_var[s], res.requant_mean[t] += slot_mean[s], res.requant_mean_bound[t] += slot_bound[s];
+      res.requant.signal[t] += slot_signal[s], res.requant.var[t] += slot_var[s];
+      res.requant.mean[t] += slot_mean[s], res.requant.mean_bound[t] += slot_bound[s];
     }
 }
 

@@ -2,15 +2,21 @@
 // budget model.
 //
 // A skipped (or misplaced) re-quantization of the intermediate moves token t's output by
-// -r_t, r_t = sum over its local slots j of w_j W2_j (h_deq - h)_j: the reference knows that
-// direction exactly. compare regresses the observed deviation d_t on r_t; for a correct device
-// the projection <d_t, r_t> is noise plus the small mean of the re-quantization's crossings.
-// This pass supplies, per token, r_t and the two terms of that projection that come from the
-// intermediate's deviations X_{j,i} (which move every output element of slot j at once, so the
-// elements' own variances do not describe their projection):
-//   var_t  = sum_{j,i} w_j^2 var(X_{j,i}) g_{j,i}^2,   g_j = W2_j^T r_t  (exact projections),
-//   mean_t = sum_{j,i} w_j E X_{j,i} g_{j,i}            (E <X's share of d_t, r_t>, signed: the
-//            crossings move toward the nearer cell boundary, against h_deq - h, coherently),
+// -r_t, r_t = sum over its local slots j of w_j W2_j delta_j, delta = h_deq - h: the reference
+// knows that move exactly. compare projects the observed deviation d_t on a test direction
+//   q_t = sum_j w_j W2_j (a o delta)_j,   a_{j,i} = requant_weight(var(X_{j,i}), cell_{j,i}),
+// which keeps the intermediates a correct device leaves on the reference's code and fades out
+// those the model says may cross a cell boundary (a crossing moves the output along r_t too, by a
+// whole code step). Any weights computed from the reference alone keep the test exact, as long
+// as its variance is computed for the same q_t; these maximise its power (BUDGETS.md §10.7).
+// For a correct device <d_t, q_t> is noise plus the small mean of the crossings; for a skipped
+// step it is -<r_t, q_t>. This pass supplies, per token, q_t, that signal, and the two terms of
+// the projection that come from the intermediate's deviations X_{j,i} (which move every output
+// element of slot j at once, so the elements' own variances do not describe their projection):
+//   signal_t = <r_t, q_t> = sum_{j,i} w_j delta_{j,i} g_{j,i},   g_j = W2_j^T q_t,
+//   var_t  = sum_{j,i} w_j^2 var(X_{j,i}) g_{j,i}^2              (exact projections),
+//   mean_t = sum_{j,i} w_j E X_{j,i} g_{j,i}            (E <X's share of d_t, q_t>, signed: the
+//            crossings move toward the nearer cell boundary, against delta, coherently),
 //   mean_bound_t = sum_{j,i} |w_j| hmean_bound_{j,i} |g_{j,i}|  (what has no known sign).
 #pragma once
 
@@ -24,11 +30,18 @@ namespace moecheck {
 
 // Per slot t*k+j, filled by the forward's first pass (each slot by the expert that ran it).
 struct RequantSlots {
-  float* r = nullptr;       // [T*k, H] W2_j (h_deq - h)_j, before the routing weight
+  float* r = nullptr;       // [T*k, H] W2_j (a o delta)_j, before the routing weight
   double* hvar = nullptr;   // [T*k, I] second moment of X_{j,i} (noise_model.hpp RequantMoments::var)
   double* hmean = nullptr;  // [T*k, I] E X_{j,i}
   double* hmean_bound = nullptr;  // [T*k, I] |E X_{j,i} - hmean| <= hmean_bound
+  double* delta = nullptr;        // [T*k, I] h_deq - h
 };
+
+// The test direction's weight of one intermediate whose crossings' second moment is var and
+// whose code moves by cell: 1 / (1 + var / (kRequantWeightCell cell^2)), about 1 where a crossing
+// is unlikely, about kRequantWeightCell / p where the crossing probability p is larger.
+inline constexpr double kRequantWeightCell = 0.01;
+double requant_weight(double var, double cell);
 
 // One local expert and its slots t*k+j.
 struct ExpertSlots {
@@ -36,9 +49,9 @@ struct ExpertSlots {
   const std::vector<int64_t>* slots = nullptr;
 };
 
-// Fills res.requant_direction [T, H], res.requant_var, requant_mean, requant_mean_bound [T] from
-// the slots' terms: r_t in double, then a second pass over the experts (W2_j^T r_t, one expert
-// per thread, loads serialised by load_mutex as in the forward).
+// Fills res.requant_direction (q) [T, H], res.requant_signal, requant_var, requant_mean,
+// requant_mean_bound [T] from the slots' terms: q_t in double, then a second pass over the
+// experts (W2_j^T q_t, one expert per thread, loads serialised by load_mutex as in the forward).
 void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSlots& in,
                          const std::vector<ExpertSlots>& experts, int threads, std::mutex& load_mutex,
                          ForwardResult& res);

@@ -160,10 +160,11 @@ def reference(case, tier="quantized"):
 
 
 def judge(case, output, topk_ids=None, topk_weights=None, expert_outputs=None, budget_model=None,
-          name="output", allow_vacuous=False, requant_test=False):
+          name="output", allow_vacuous=False, requant_test=True):
     """Judges one output of the case in memory, as `moecheck compare` would after capture:
     every element against its budget, routing, per-expert bias and energy tests, the token scale
-    tests. budget_model: the model of the arithmetic that produced the output ("fp32" for a
+    tests, the re-quantization test (requant_test, on by default as in `moecheck compare`).
+    budget_model: the model of the arithmetic that produced the output ("fp32" for a
     float32 kernel, "hopper" for FP8 tensor cores; default: an engine output's, hopper).
     Returns a Report (passed, status, text(), to_json(), to_html(path), save_case(path))."""
     native = _native_case(case)

@@ -89,13 +89,13 @@ def _first_line(e):
 
 
 def gate(backend, cases=100, seed=1, presets=None, recipe=None, budget_model=None, case=None, save_dir=None,
-         max_failures=None, requant_test=False, quiet=False):
+         max_failures=None, requant_test=True, quiet=False):
     """Runs `cases` sweep cases of `seed` (or only sweep case `case`) through backend(Case) and
     judges each output with budget_model (default: backend.budget_model if the callable has one,
     else an engine output's, hopper). presets: the tiny presets to draw from (default all);
     recipe: an engine recipe or a list of settings pinned on every case (`gate --recipe`, e.g.
-    "sglang" for a kernel of that design); requant_test: also the re-quantization test
-    (BUDGETS.md §10.7). Returns a GateResult (ok, failures, text()); prints progress and each
+    "sglang" for a kernel of that design); requant_test: the re-quantization test (BUDGETS.md
+    §10.7; on by default, as in `moecheck compare`). Returns a GateResult (ok, failures, text()); prints progress and each
     failure to stderr unless quiet."""
     from . import Case, InputError, Unsupported, judge  # noqa: PLC0415 (package cycle)
 

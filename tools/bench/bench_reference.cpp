@@ -153,6 +153,7 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
       copt.model = parse_budget_model(compare_models[i]);
       ForwardOptions fb = opt;
       fb.budget = &copt.model;
+      fb.requant_terms = copt.requant_test;
       const ForwardResult rb = moe_forward(p, fb);
       Observation obs;
       obs.name = "bench";

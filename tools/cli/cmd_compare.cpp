@@ -30,7 +30,7 @@ namespace moecheck::cli {
 namespace {
 struct Opts {
   std::string path, output, tier = "quantized", json, html, junit, model;
-  bool all = false, quiet = false, allow_vacuous = false, requant_test = false;
+  bool all = false, quiet = false, allow_vacuous = false, requant_test = true;
 };
 
 // What the command line asks of the judgement: a stored reference is reused when it matches.
@@ -99,10 +99,10 @@ void register_compare(CLI::App& app) {
   sub->add_option("--junit", o->junit, "also write JUnit XML: one testcase per judged output")->check(output_file());
   sub->add_flag("--allow-vacuous", o->allow_vacuous,
                 "exit 0 for an output whose checks would not see it zeroed (BUDGETS.md §10.6; still reported VACUOUS)");
-  sub->add_flag("--requant-test", o->requant_test,
-                "also run the re-quantization test (BUDGETS.md §10.7): a skipped re-quantization of the intermediate "
-                "is beta = -1 along a direction the reference computes; costs a second pass over W2 (about 0.6x the "
-                "reference's time on DeepSeek-V3 at T = 64)");
+  sub->add_flag("--requant-test,!--no-requant-test", o->requant_test,
+                "the re-quantization test (BUDGETS.md §10.7), on by default: a skipped re-quantization of the "
+                "intermediate is beta = -1 along a direction the reference computes; --no-requant-test leaves it "
+                "out and saves its second pass over W2");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);

@@ -50,7 +50,7 @@ void register_reference(CLI::App& app) {
       if (o->tier != "both" && o->tier != to_string(tier)) continue;
       const BudgetModel* budget = tier == Tier::quantized && !products ? &model : nullptr;
       const ForwardResult r =
-          judge::compute_reference(cp, tier, budget, o->expert_outputs, !o->quiet, false, products.get());
+          judge::compute_reference(cp, tier, budget, o->expert_outputs, !o->quiet, budget != nullptr, products.get());
       judge::store_reference(dest, tier, r, hash, budget ? o->model : "", o->expert_outputs,
                              o->out.empty() ? "" : o->out, products ? products->describe() : "");
       if (!o->out.empty()) dest = o->out;  // the second tier goes into the same copy

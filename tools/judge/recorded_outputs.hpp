@@ -26,7 +26,7 @@ namespace moecheck::judge {
 struct ReferenceChoice {
   Tier tier = Tier::quantized;  // ideal: compare --tier ideal (ideal_judging_reference; slot outputs not judged)
   bool reuse_stored = false;    // quantized tier: a matching /reference/quantized is reused (reference_store.hpp)
-  bool requant_test = false;    // with the re-quantization test's terms (BUDGETS.md §10.7; always computed)
+  bool requant_test = true;     // with the re-quantization test and its terms (BUDGETS.md §10.7)
   bool progress = false;        // the reference's progress on stderr
 };
 

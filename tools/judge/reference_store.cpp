@@ -71,6 +71,13 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.noise_var = r.noise_var;
     d.slot_flip_projection = r.slot_flip_projection;
     d.slot_noise_var = r.slot_noise_var;
+    const int64_t T = r.routing.tokens;
+    if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T)) {
+      d.requant_direction = r.requant.direction;
+      for (size_t t = 0; t < r.requant.signal.size(); ++t)
+        d.requant_terms.insert(d.requant_terms.end(),
+                               {r.requant.signal[t], r.requant.var[t], r.requant.mean[t], r.requant.mean_bound[t]});
+    }
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
 }
@@ -79,14 +86,16 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
                                   bool progress, bool* reused, bool requant_terms) {
   *reused = false;
   const BudgetModel model = parse_budget_model(model_name);
-  if (requant_terms) return compute_reference(cp, Tier::quantized, &model, true, progress, true);
   if (auto stored = cp.reader().read_reference("quantized")) {
     const auto it = stored->attributes.find("budget_model");
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
+    const bool has_requant =
+        stored->requant_direction.size() == size_t(T * H) && stored->requant_terms.size() == size_t(T * 4);
     if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
-        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H)) {
+        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H) &&
+        (has_requant || !requant_terms)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
@@ -100,11 +109,19 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.noise_var = std::move(stored->noise_var);
       r.slot_flip_projection = std::move(stored->slot_flip_projection);
       r.slot_noise_var = std::move(stored->slot_noise_var);
+      if (has_requant && requant_terms) {
+        r.requant.direction = std::move(stored->requant_direction);
+        for (int64_t t = 0; t < T; ++t) {
+          const double* q = &stored->requant_terms[size_t(t * 4)];
+          r.requant.signal.push_back(q[0]), r.requant.var.push_back(q[1]);
+          r.requant.mean.push_back(q[2]), r.requant.mean_bound.push_back(q[3]);
+        }
+      }
       *reused = true;
       return r;
     }
   }
-  return compute_reference(cp, Tier::quantized, &model, true, progress);
+  return compute_reference(cp, Tier::quantized, &model, true, progress, requant_terms);
 }
 
 }  // namespace moecheck::judge

@@ -70,7 +70,7 @@ std::vector<std::string> power_lines(const CompareResult& r) {
           r.requant.fitted
               ? fmt::format("re-quantization test: beta {} along the intermediate's re-quantization (skipped: -1), "
                             "detectable above {}", num(r.requant.beta), num(r.requant.detectable))
-              : std::string("re-quantization test: not run (compare --requant-test)")};
+              : std::string("re-quantization test: not run (--no-requant-test, or no intermediate to re-quantize)")};
 }
 
 std::string power_line(const CompareResult& r) {
