@@ -18,7 +18,8 @@ void add_shard_options(CLI::App* sub, ShardOptions& o) {
       ->excludes(tp);
   sub->add_option("--shard-fault", o.shard_fault,
                   "a sharding bug of the emulated run: tp_slice_misplaced (--tp: the fault rank multiplies its h "
-                  "with the next rank's W2 slice), reduce_bf16 (the all-reduce accumulates in bf16, not float32), "
+                  "with the next rank's W2 slice), reduce_bf16 (the all-reduce accumulates in bf16, not float32; it "
+                  "shows where three or more ranks contribute: two bf16 partials sum exactly), "
                   "rank_added_twice (the fault rank's partial is summed twice)")
       ->check(CLI::IsMember({"tp_slice_misplaced", "reduce_bf16", "rank_added_twice"}));
   sub->add_option("--fault-rank", o.fault_rank,
