@@ -361,13 +361,14 @@ void CaseReader::Impl::check_ranks(const H5::Group& output, const std::string& o
       } catch (const InputError& e) {
         throw InputError(path, where, e.rule());
       }
+    // The count first, alone: a wrong count would otherwise list every missing rank as well.
     const std::vector<h5::Member> mem = h5::members(g, path, rp);
     if (int64_t(mem.size()) != plan->ranks)
-      problem(rp, fmt::format("holds {} member{}; shard = \"{}\" needs one dataset per rank, named 0 to {}", mem.size(),
-                              mem.size() == 1 ? "" : "s", text, plan->ranks - 1));
+      throw InputError(path, rp, fmt::format("holds {} member{}; shard = \"{}\" needs one dataset per rank, named 0 to {}",
+                                             mem.size(), mem.size() == 1 ? "" : "s", text, plan->ranks - 1));
     const size_t before = problems.size();
     check_group(g, rp, layout::rank_specs(config, config_ok, tokens, plan->ranks));
-    if (problems.size() == before && int64_t(mem.size()) == plan->ranks) shards[op.substr(op.rfind('/') + 1)] = text;
+    if (problems.size() == before) shards[op.substr(op.rfind('/') + 1)] = text;
   });
 }
 

@@ -58,11 +58,14 @@ void judge_reduction(const ShardedObservation& obs, ShardedVerdict& v) {
   if (v.reduction_outside) blame_rank(resid, obs, v);
 }
 
-// Ids of the experts that fail in r, "3, 5" ("" when none).
+// Ids of the experts that fail in r, "3, 5" ("" when none), the first eight.
 std::string failing_experts(const CompareResult& r) {
-  std::string s;
+  std::vector<int64_t> ids;
   for (const ExpertVerdict& e : r.experts)
-    if (!e.pass) s += (s.empty() ? "" : ", ") + std::to_string(e.expert);
+    if (!e.pass) ids.push_back(e.expert);
+  std::string s;
+  for (size_t i = 0; i < ids.size() && i < 8; ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+  if (ids.size() > 8) s += fmt::format(", ... ({} in all)", ids.size());
   return s;
 }
 
@@ -117,16 +120,15 @@ std::string ShardedVerdict::text() const {
   for (const CompareResult& r : ranks) {
     s += fmt::format("  {}: {} (max ratio {:.3g}", r.name, upper(verdict_label(r)), r.max_ratio);
     if (r.worst_token >= 0 && !r.pass) s += fmt::format(" at token {}, column {}", r.worst_token, r.worst_col);
-    s += fmt::format("; {} of {} checks failed", r.checks_failed, r.checks);
-    if (const std::string e = failing_experts(r); !e.empty()) s += "; failing experts " + e;
-    s += ")\n";
+    s += fmt::format("; {} of {} checks failed)\n", r.checks_failed, r.checks);
+    if (const std::string e = failing_experts(r); !e.empty()) s += "    failing experts " + e + "\n";
   }
-  s += fmt::format("  reduction: {} ({} element{} outside the float32 all-reduce of the ranks' partials",
+  s += fmt::format("  reduction: {} ({} element{} outside the float32 all-reduce of the ranks' partials)\n",
                    reduction_pass() ? "PASS" : "FAIL", reduction_outside, reduction_outside == 1 ? "" : "s");
   if (blamed_rank >= 0)
-    s += fmt::format("; the residual is rank {}'s partial x {:.3f}, {:.0f}% of its energy", blamed_rank, blamed_beta,
+    s += fmt::format("    the residual is rank {}'s partial x {:.3f} ({:.0f}% of its energy)\n", blamed_rank, blamed_beta,
                      100 * blamed_share);
-  return s + ")\n";
+  return s;
 }
 
 }  // namespace moecheck

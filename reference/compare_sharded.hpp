@@ -41,8 +41,8 @@ struct ShardedVerdict {
   bool reduction_pass() const { return reduction_outside == 0; }
   std::vector<int64_t> failing_ranks() const;
   bool pass() const { return failing_ranks().empty() && reduction_pass(); }
-  // One line per rank (verdict, worst ratio, failing experts) and one for the reduction, each
-  // indented by two spaces.
+  // A line per rank (verdict, worst ratio; its failing experts on the next) and one for the
+  // reduction (the blamed rank on the next), indented by two spaces, none over 110 columns.
   std::string text() const;
 };
 

@@ -61,10 +61,8 @@ Json metrics_json(const FamiliarMetrics& m) {
   return j;
 }
 
-// A layer over ranks (reference/compare_sharded.hpp), null for a one-device output.
-Json sharding_json(const CompareResult& r) {
-  if (!r.sharded) return nullptr;
-  const ShardedVerdict& v = *r.sharded;
+// A layer over ranks (reference/compare_sharded.hpp).
+Json sharding_json(const ShardedVerdict& v) {
   Json ranks = Json::array();
   for (size_t i = 0; i < v.ranks.size(); ++i) {
     const CompareResult& x = v.ranks[i];
@@ -141,7 +139,7 @@ Json output_json(const CompareResult& r) {
                 {"z", real(r.aggregate_z)},
                 {"vacuous", r.power.vacuous}};
   o["metrics"] = metrics_json(r.metrics);
-  o["sharding"] = sharding_json(r);
+  if (r.sharded) o["sharding"] = sharding_json(*r.sharded);  // absent for a one-device output
   return o;
 }
 

@@ -191,7 +191,7 @@ void write_sharding(std::ostream& os, const CompareResult& r, const Style& st) {
   if (!r.sharded) return;
   const ShardedVerdict& v = *r.sharded;
   os << fmt::format("  sharding: {}, judged as one layer above; each rank against its shard, the output against "
-                    "the ranks' reduction: ",
+                    "their reduction: ",
                     to_string(v.plan))
      << st.verdict(v.pass(), "pass", "FAIL") << '\n';
   std::istringstream lines(v.text());
