@@ -166,6 +166,48 @@ TEST(ShardedEmulated, ARankAddedTwiceIsNamed) {
   }
 }
 
+// An exact tie at the k-th place, the ranks choosing the expert the reference rejects: every rank
+// and the layer accept it as a near-tie and judge it against the re-run for that choice (the
+// layer's through the sharded reference), so the correct sharded run passes.
+TEST(ShardedEmulated, ANearTieChoiceIsAcceptedOnEveryRankAndTheLayer) {
+  MoeConfig c;
+  c.num_experts = 8, c.top_k = 2, c.hidden_size = 256, c.intermediate_size = 512;
+  c.routing = RoutingMethod::renormalize;
+  testing::SmallLayer L = testing::make_small_layer(c, 4, 11, false);
+  for (int e = 0; e < 8; ++e) L.logits[1 * 8 + e] = -2.0f;  // token 1: experts 2 and 5 tie behind 0
+  L.logits[1 * 8 + 0] = 1.0f, L.logits[1 * 8 + 2] = 0.5f, L.logits[1 * 8 + 5] = 0.5f;
+  const MoeProblem full = L.problem();
+  const CompareOptions opt{};
+  ForwardOptions fo;
+  fo.budget = &opt.model;
+  const ForwardResult ref = moe_forward(full, fo);
+  ASSERT_EQ(ref.routing.ids[1 * 2 + 1], 2);
+  Routing alt = ref.routing;
+  alt.ids[1 * 2 + 1] = 5;
+  for (ShardPlan plan : {ShardPlan{ShardKind::ep, 2}, ShardPlan{ShardKind::tp, 4}}) {
+    // Each rank's exact partial for the other choice, rounded to bf16 as a device's; their reduction.
+    ShardedObservation obs;
+    std::vector<std::vector<float>> partials;
+    ForwardOptions fa;
+    fa.routing_override = &alt;
+    for (int64_t r = 0; r < plan.ranks; ++r) {
+      Observation o;
+      o.name = fmt::format("rank {}", r);
+      for (double v : moe_forward(shard_problem(full, plan, r), fa).output) o.output.push_back(bf16_round(v));
+      o.topk_ids = alt.ids;
+      partials.push_back(o.output);
+      obs.ranks.push_back(std::move(o));
+    }
+    obs.layer.name = "layer";
+    obs.layer.output = reduce_partials(partials);
+    obs.layer.topk_ids = alt.ids;
+    const CompareResult R = compare_sharded(full, plan, ref, obs, opt);
+    EXPECT_TRUE(R.pass) << label(plan) << ": " << R.checks_failed << "\n" << R.sharded->text();
+    EXPECT_EQ(R.ambiguous, std::vector<int64_t>{1}) << label(plan);
+    for (const CompareResult& rank : R.sharded->ranks) EXPECT_EQ(rank.ambiguous, std::vector<int64_t>{1}) << rank.name;
+  }
+}
+
 TEST(ShardedEmulated, LayersThatCannotSplitSoAreRefused) {
   MoeConfig c = layer_config();
   EXPECT_THROW(require_shardable(c, {ShardKind::tp, 16}), InputError);  // 1024 / 16 = 64: half a block
