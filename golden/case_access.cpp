@@ -7,6 +7,7 @@
 #include "golden/case_reader_impl.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
+#include "reference/moe_sharding.hpp"
 
 namespace moecheck {
 
@@ -82,10 +83,11 @@ std::vector<OutputInfo> CaseReader::outputs() const {
   for (const std::string& name : m.outputs) {
     const std::string p = "/outputs/" + name;
     OutputInfo info{name, {}, Precision::f32, m.dtype.count(p + "/topk_ids") > 0,
-                    m.dtype.count(p + "/topk_weights") > 0, m.dtype.count(p + "/expert_outputs") > 0};
+                    m.dtype.count(p + "/topk_weights") > 0, m.dtype.count(p + "/expert_outputs") > 0, ""};
     const auto it = m.dtype.find(p + "/output");
     if (it != m.dtype.end() && it->second == "bfloat16") info.output_dtype = Precision::bf16;
     info.attributes = m.group_attributes(p);
+    if (const auto sh = m.shards.find(name); sh != m.shards.end()) info.shard = sh->second;
     out.push_back(std::move(info));
   }
   return out;
@@ -199,6 +201,12 @@ OutputData CaseReader::read_output(const std::string& name, int64_t t0, int64_t 
   if (with_expert_outputs && m.good.count(p + "/expert_outputs")) {
     o.expert_outputs_dtype = m.dtype.at(p + "/expert_outputs") == "bfloat16" ? Precision::bf16 : Precision::f32;
     o.expert_outputs = m.read_float_rows(p + "/expert_outputs", b, n);
+  }
+  if (const auto sh = m.shards.find(name); sh != m.shards.end()) {
+    o.shard = sh->second;
+    const int64_t ranks = parse_shard_plan(o.shard)->ranks;
+    o.ranks_dtype = m.dtype.at(p + "/ranks/0") == "bfloat16" ? Precision::bf16 : Precision::f32;
+    for (int64_t r = 0; r < ranks; ++r) o.ranks.push_back(m.read_float_rows(fmt::format("{}/ranks/{}", p, r), b, n));
   }
   return o;
 }

@@ -66,10 +66,13 @@ struct OutputInfo {
   std::map<std::string, std::string> attributes;  // backend, device, created, free text
   Precision output_dtype = Precision::f32;
   bool has_topk_ids = false, has_topk_weights = false, has_expert_outputs = false;
+  std::string shard;  // "tp N" / "ep N" when the output records its ranks (/outputs/<name>/ranks), else ""
 };
 
 // One backend run (/outputs/<name>). An empty optional vector means "absent". When writing,
 // bf16 dtypes store the bfloat16 rounding (RNE) of the values: exact for a bf16 backend's output.
+// A run over N ranks (reference/moe_sharding.hpp) records each rank's partial output: `shard`
+// names the split ("tp 4", "ep 8"), ranks[r] is rank r's [n, H] output, `output` the reduced one.
 struct OutputData {
   std::map<std::string, std::string> attributes;
   Precision output_dtype = Precision::f32;
@@ -78,6 +81,9 @@ struct OutputData {
   std::vector<float> topk_weights;    // [n, k], optional
   Precision expert_outputs_dtype = Precision::f32;
   std::vector<float> expert_outputs;  // [n, k, H] each slot's GEMM2 output before weighting, optional
+  std::string shard;                        // "" : one device, no ranks
+  Precision ranks_dtype = Precision::bf16;
+  std::vector<std::vector<float>> ranks;    // [N][n, H] each rank's partial output, with shard
   int64_t token_begin = 0;            // rows [token_begin, token_begin + n) when read by range
 };
 

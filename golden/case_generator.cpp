@@ -19,6 +19,7 @@
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_budget.hpp"
 #include "reference/moe_routing.hpp"
+#include "reference/moe_sharding.hpp"
 
 namespace moecheck {
 
@@ -64,19 +65,13 @@ void check_options(const GeneratorOptions& o, const ModelPreset* p) {
                    std::max(c.hidden_size, c.num_experts)));
   need(o.tp >= 1, "--tp", fmt::format("must be >= 1, got {}", o.tp));
   need(o.tp_rank >= 0 && o.tp_rank < o.tp, "--tp-rank", fmt::format("must be in [0, --tp = {}), got {}", o.tp, o.tp_rank));
-  const int64_t I = c.intermediate_size, B = c.weight_block;
-  if (o.tp > 1)
-    need(I % o.tp == 0 && (I / o.tp) % B == 0, "--tp",
-         fmt::format("preset {} has intermediate_size I = {}; --tp {} must split it into equal slices whose size "
-                     "I/N is a multiple of the {}-wide weight block (I/N = {}{}), so that every rank's block "
-                     "scales are whole blocks of the full layer",
-                     p->name, I, o.tp, B, I % o.tp == 0 ? fmt::format("{}", I / o.tp) : fmt::format("{}/{}", I, o.tp),
-                     I % o.tp == 0 ? "" : ", not an integer"));
+  // The split rule is moe_sharding's, so a rank's case holds what the emulated rank holds.
+  const std::string tp_rule = shard_split_rule(c, {ShardKind::tp, o.tp});
+  need(tp_rule.empty(), "--tp", fmt::format("preset {}: {}", p->name, tp_rule));
   need(o.ep >= 1, "--ep", fmt::format("must be >= 1, got {}", o.ep));
   need(o.ep_rank >= 0 && o.ep_rank < o.ep, "--ep-rank", fmt::format("must be in [0, --ep = {}), got {}", o.ep, o.ep_rank));
-  need(c.num_experts % o.ep == 0, "--ep",
-       fmt::format("preset {} has num_experts E = {}, which --ep {} does not divide (each rank holds E/N experts)",
-                   p->name, c.num_experts, o.ep));
+  const std::string ep_rule = shard_split_rule(c, {ShardKind::ep, o.ep});
+  need(ep_rule.empty(), "--ep", fmt::format("preset {}: {}", p->name, ep_rule));
   need(o.experts_limit >= 0, "--experts-limit", fmt::format("must be >= 0 (0 = no limit), got {}", o.experts_limit));
 }
 
@@ -202,11 +197,13 @@ CasePlan plan_case(const GeneratorOptions& o, const std::string& out_path) {
   c.intermediate_dtype = o.intermediate_dtype;
   c.routing_weight_dtype = o.routing_weight_dtype;
   c.recipe = o.recipe;
-  c.intermediate_size = g.intermediate_size / o.tp;
-  c.local_num_experts = g.num_experts / o.ep;
-  c.local_expert_offset = o.ep_rank * c.local_num_experts;
+  const ShardRange slice = shard_range(g, {ShardKind::tp, o.tp}, o.tp_rank);
+  const ShardRange experts = shard_range(g, {ShardKind::ep, o.ep}, o.ep_rank);
+  c.intermediate_size = slice.size;
+  c.local_num_experts = experts.size;
+  c.local_expert_offset = experts.begin;
   p.full_intermediate = g.intermediate_size;
-  p.intermediate_offset = o.tp_rank * c.intermediate_size;
+  p.intermediate_offset = slice.begin;
 
   // Inputs: bias first (the planted ties need the stored bias values), then logits, hidden.
   p.bias = gen::routing_bias(spec);

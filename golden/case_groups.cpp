@@ -10,6 +10,7 @@
 #include "golden/case_layout.hpp"
 #include "golden/hdf5_io.hpp"
 #include "reference/fp8_formats.hpp"
+#include "reference/moe_sharding.hpp"
 
 namespace moecheck::groups {
 
@@ -26,6 +27,16 @@ std::vector<uint64_t> row_chunk(const std::vector<uint64_t>& dims, uint64_t elem
 }
 
 bool chunked(const std::vector<uint64_t>& dims) { return dims.size() > 1 && dims[0] > 1; }
+
+// /outputs/<name>/ranks: the split as its attribute `shard`, one dataset per rank named by its index.
+void write_ranks(const H5::Group& output, const OutputData& o, uint64_t t, uint64_t h) {
+  const std::optional<ShardPlan> plan = parse_shard_plan(o.shard);
+  if (!plan || int64_t(o.ranks.size()) != plan->ranks)
+    throw std::invalid_argument(fmt::format("output ranks: {} rank outputs for shard \"{}\"", o.ranks.size(), o.shard));
+  const H5::Group g = h5::create_group(output, "ranks");
+  h5::write_attr(g, "shard", o.shard);
+  for (size_t r = 0; r < o.ranks.size(); ++r) write_float_tensor(g, std::to_string(r), {t, h}, o.ranks[r], o.ranks_dtype);
+}
 
 }  // namespace
 
@@ -90,6 +101,7 @@ void write_output(const H5::Group& outputs, const std::string& name, const Outpu
   if (!o.topk_weights.empty()) write_float_tensor(g, "topk_weights", {t, k}, o.topk_weights, Precision::f32);
   if (!o.expert_outputs.empty())
     write_float_tensor(g, "expert_outputs", {t, k, h}, o.expert_outputs, o.expert_outputs_dtype);
+  if (!o.shard.empty() || !o.ranks.empty()) write_ranks(g, o, t, h);
 }
 
 void write_reference(const H5::Group& reference, const std::string& tier, const ReferenceData& r, const MoeConfig& c,

@@ -122,6 +122,7 @@ std::string encoding_rule(Encoding e) {
     case Encoding::fp8_codes: return "must be uint8 holding float8_e4m3fn codes with attribute dtype = \"float8_e4m3fn\"";
     case Encoding::int_ids: return "must be an integer type (int32 preferred)";
     case Encoding::int32: return "must be int32";
+    case Encoding::group: return "must be a group";
   }
   return "?";
 }
@@ -194,6 +195,15 @@ std::vector<Spec> reference_specs(const MoeConfig& c, bool ok, int64_t T) {
   };
 }
 
+Spec ranks_spec() { return {"ranks", Encoding::group, {}, Presence::optional}; }
+
+std::vector<Spec> rank_specs(const MoeConfig& c, bool ok, int64_t T, int64_t ranks) {
+  const Dim t = known(T, "T", T >= 1), h = known(c.hidden_size, "H", ok);
+  std::vector<Spec> s;
+  for (int64_t r = 0; r < ranks; ++r) s.push_back({std::to_string(r), Encoding::float_tensor, {t, h}});
+  return s;
+}
+
 const Spec* find_spec(const std::vector<Spec>& specs, std::string_view name) {
   for (const Spec& s : specs)
     if (s.name == name) return &s;
@@ -203,6 +213,7 @@ const Spec* find_spec(const std::vector<Spec>& specs, std::string_view name) {
 std::string spec_names(const std::vector<Spec>& specs) {
   std::vector<std::string> n;
   for (const Spec& s : specs) n.push_back(s.name);
+  if (n.size() > 8) n.erase(n.begin() + 3, n.end() - 1), n.insert(n.end() - 1, "...");  // a group of many ranks
   return fmt::format("{}", fmt::join(n, ", "));
 }
 
@@ -256,6 +267,8 @@ std::string check_encoding(const H5::DataSet& ds, Encoding enc, const std::strin
       if (!(t.cls == h5::TypeClass::integer && t.is_signed && t.size == 4)) refuse();
       dtype = "int32";
       break;
+    case Encoding::group:
+      refuse();
   }
   // A dtype attribute, when present, must say what the data is: a float32 dataset tagged
   // "bfloat16" (or uint8 codes tagged "float8_e5m2") is a writer bug we must not guess around.

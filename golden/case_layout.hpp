@@ -39,6 +39,7 @@ enum class Encoding {
   fp8_codes,     // uint8 holding float8_e4m3fn codes with attribute dtype = "float8_e4m3fn"
   int_ids,       // any integer type of up to 8 bytes (values checked where they are used)
   int32,         // int32 only
+  group,         // not a dataset: a group whose members its own specs describe (ranks_spec)
 };
 std::string encoding_rule(Encoding e);  // "must be float32, or uint16 ... ; got"
 
@@ -63,8 +64,14 @@ std::vector<Spec> input_specs(const MoeConfig& c, bool config_ok, int64_t T);
 std::vector<Spec> weight_specs(const MoeConfig& c, bool config_ok, int64_t stored);
 std::vector<Spec> output_specs(const MoeConfig& c, bool config_ok, int64_t T);
 std::vector<Spec> reference_specs(const MoeConfig& c, bool config_ok, int64_t T);
+// An output recorded over N ranks (a tensor- or expert-parallel layer, reference/moe_sharding.hpp)
+// holds, besides output_specs' datasets, the group `ranks` (ranks_spec(); in a case file, not in
+// an exec backend's output file) with attribute `shard` ("tp N" / "ep N") and one [T, H] float
+// tensor per rank, named by its index (rank_specs).
+Spec ranks_spec();
+std::vector<Spec> rank_specs(const MoeConfig& c, bool config_ok, int64_t T, int64_t ranks);
 const Spec* find_spec(const std::vector<Spec>& specs, std::string_view name);
-std::string spec_names(const std::vector<Spec>& specs);  // "hidden_states, router_logits, ..."
+std::string spec_names(const std::vector<Spec>& specs);  // "hidden_states, router_logits, ..." (more than 8: "0, 1, 2, ..., 15")
 
 // "[T, H] = [16, 256]" (the known values only when some are unknown: "[T, H] = [?, 256]").
 std::string shape_text(const std::vector<Dim>& shape);

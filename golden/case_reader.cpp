@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "golden/case_reader_impl.hpp"
+#include "reference/moe_sharding.hpp"
 
 namespace moecheck {
 
@@ -169,7 +170,9 @@ std::set<std::string> CaseReader::Impl::check_group(const H5::Group& g, const st
     else if (m.kind == h5::LinkKind::soft_link || m.kind == h5::LinkKind::external_link ||
              m.kind == h5::LinkKind::other_link)
       problem(where, link_rule(m.kind));
-    else if (m.kind != h5::LinkKind::dataset)
+    else if (s->enc == layout::Encoding::group && m.kind != h5::LinkKind::group)
+      problem(where, "must be a group, got a " + h5::to_string(m.kind));
+    else if (s->enc != layout::Encoding::group && m.kind != h5::LinkKind::dataset)
       problem(where, "must be a dataset, got a " + h5::to_string(m.kind));
     else if (s->presence == layout::Presence::forbidden)
       problem(where, s->forbidden_rule);
@@ -180,8 +183,9 @@ std::set<std::string> CaseReader::Impl::check_group(const H5::Group& g, const st
     const bool listed = std::any_of(mem.begin(), mem.end(), [&](const h5::Member& m) { return m.name == s.name; });
     if (s.presence == layout::Presence::required && !listed) problem(gp + "/" + s.name, "required dataset missing");
   }
-  for (const std::string& n : present)
-    if (!checked.count(n)) check_dataset(g, gp, *layout::find_spec(specs, n));
+  for (const std::string& n : present)  // groups are their caller's to check
+    if (!checked.count(n) && layout::find_spec(specs, n)->enc != layout::Encoding::group)
+      check_dataset(g, gp, *layout::find_spec(specs, n));
   return present;
 }
 
@@ -304,7 +308,7 @@ int64_t CaseReader::Impl::read_expert_ids(const H5::DataSet& ds) {
 void CaseReader::Impl::check_named_groups(const std::string& root, bool (*name_ok)(std::string_view),
                                           const std::string& name_rule, std::vector<std::string>& found,
                                           const std::vector<std::string>& attrs, bool attrs_required,
-                                          const std::vector<layout::Spec>& specs) {
+                                          const std::vector<layout::Spec>& specs, const GroupCheck& extra) {
   if (!root_groups.count(root)) return;
   const std::string rp = "/" + root;
   attempt(rp, [&] {
@@ -325,16 +329,47 @@ void CaseReader::Impl::check_named_groups(const std::string& root, bool (*name_o
       attempt(p, [&] {
         const H5::Group sg = g.openGroup(m.name);
         check_string_attrs(sg, p, attrs, attrs_required);
-        check_group(sg, p, specs);
+        const std::set<std::string> present = check_group(sg, p, specs);
+        if (extra) extra(sg, p, present);
       });
     }
   });
 }
 
 void CaseReader::Impl::check_outputs() {
+  std::vector<layout::Spec> specs = layout::output_specs(config, config_ok, tokens);
+  specs.push_back(layout::ranks_spec());
   check_named_groups("outputs", is_valid_output_name, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -",
-                     outputs, {"backend", "device", "created"}, false,
-                     layout::output_specs(config, config_ok, tokens));
+                     outputs, {"backend", "device", "created"}, false, specs,
+                     [&](const H5::Group& g, const std::string& p, const std::set<std::string>& present) {
+                       if (present.count("ranks")) check_ranks(g, p);
+                     });
+}
+
+void CaseReader::Impl::check_ranks(const H5::Group& output, const std::string& op) {
+  const std::string rp = op + "/ranks", where = rp + "@shard";
+  attempt(rp, [&] {
+    const H5::Group g = h5::guard(path, rp, [&] { return output.openGroup("ranks"); });
+    if (!h5::guard(path, where, [&] { return g.attrExists("shard"); }))
+      throw InputError(path, where, "required attribute missing (\"tp N\" or \"ep N\": how the layer was split)");
+    const std::string text = h5::read_string_attr(h5::guard(path, where, [&] { return g.openAttribute("shard"); }), path, where);
+    const std::optional<ShardPlan> plan = parse_shard_plan(text);
+    if (!plan)
+      throw InputError(path, where, fmt::format("must be \"tp N\" or \"ep N\" with N in [1, {}], got \"{}\"", kMaxShardRanks, text));
+    if (config_ok) try {
+        require_shardable(config, *plan, path);
+      } catch (const InputError& e) {
+        throw InputError(path, where, e.rule());
+      }
+    // The count first, alone: a wrong count would otherwise list every missing rank as well.
+    const std::vector<h5::Member> mem = h5::members(g, path, rp);
+    if (int64_t(mem.size()) != plan->ranks)
+      throw InputError(path, rp, fmt::format("holds {} member{}; shard = \"{}\" needs one dataset per rank, named 0 to {}",
+                                             mem.size(), mem.size() == 1 ? "" : "s", text, plan->ranks - 1));
+    const size_t before = problems.size();
+    check_group(g, rp, layout::rank_specs(config, config_ok, tokens, plan->ranks));
+    if (problems.size() == before) shards[op.substr(op.rfind('/') + 1)] = text;
+  });
 }
 
 void CaseReader::Impl::check_references() {

@@ -4,6 +4,7 @@
 
 #include <H5Cpp.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,6 +35,7 @@ struct CaseReader::Impl {
   std::vector<int64_t> expert_ids;
   bool experts_subset = false;
   std::vector<std::string> outputs, tiers;
+  std::map<std::string, std::string> shards;  // output name -> its valid ranks@shard ("tp 4")
   std::set<std::string> root_groups;  // root members that are groups of the format
 
   // Records a problem (lenient) or throws it (strict).
@@ -60,9 +62,13 @@ struct CaseReader::Impl {
   void check_weights();
   void check_outputs();
   void check_references();
+  // `extra` (optional) checks more of each group: (group, its path, the members check_group found).
+  using GroupCheck = std::function<void(const H5::Group&, const std::string&, const std::set<std::string>&)>;
   void check_named_groups(const std::string& root, bool (*name_ok)(std::string_view), const std::string& name_rule,
                           std::vector<std::string>& found, const std::vector<std::string>& attrs, bool attrs_required,
-                          const std::vector<layout::Spec>& specs);
+                          const std::vector<layout::Spec>& specs, const GroupCheck& extra = {});
+  // /outputs/<name>/ranks (layout::ranks_spec): the shard attribute, the split, one dataset per rank.
+  void check_ranks(const H5::Group& output, const std::string& output_path);
   // Checks members of `group_path` against specs: unknown names, links, presence, then each
   // dataset. Returns the names present.
   // Datasets in `checked` were checked already (expert_ids).

@@ -12,6 +12,10 @@
 //                              routing_weight_dtype (held in float; bf16 values are exact)
 //   expert_outputs  [T, k, H]  GEMM2 output of each slot in float32 (§5), 0 for slots whose
 //                              expert is not local; empty unless the run was asked for them
+//   shard, ranks               a run over N ranks (reference/moe_sharding.hpp, §8): the split
+//                              ("tp 4", "ep 8") and each rank's own run, whose output_bf16 is
+//                              the rank's partial; output_bf16 is then the reduced output.
+//                              Empty for a one-device run
 #pragma once
 
 #include <cstdint>
@@ -36,6 +40,8 @@ struct BackendOutput {
   // attribute); empty: default_budget_model(backend).
   std::string budget_model;
   std::vector<float> output_f32;
+  std::string shard;
+  std::vector<BackendOutput> ranks;
 };
 
 }  // namespace moecheck

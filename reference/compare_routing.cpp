@@ -116,7 +116,7 @@ Reruns find_near_ties(const MoeProblem& p, const ForwardResult& ref, const Obser
 
 // The reference of the re-run tokens alone, routed as `rr` says, with the re-quantization
 // test's terms when the reference it replaces rows of has them.
-ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const BudgetModel& model, bool requant_terms) {
+ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const CompareOptions& opt, bool requant_terms) {
   const SubProblem sp = subproblem(p, rr.tokens);
   Routing ov;
   ov.tokens = static_cast<int64_t>(rr.tokens.size()), ov.top_k = p.config.top_k;
@@ -127,14 +127,14 @@ ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const Budge
   ov.margin.assign(rr.tokens.size(), 0.0), ov.margin_scale = ov.margin, ov.group_margin = ov.margin;
   ov.group_margin_scale = ov.margin;
   ForwardOptions fo;
-  fo.tier = Tier::quantized, fo.budget = &model, fo.routing_override = &ov, fo.requant_terms = requant_terms;
-  return moe_forward(sp.problem, fo);
+  fo.tier = Tier::quantized, fo.budget = &opt.model, fo.routing_override = &ov, fo.requant_terms = requant_terms;
+  return opt.forward ? opt.forward(sp.problem, fo) : moe_forward(sp.problem, fo);
 }
 
 }  // namespace
 
 JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
-                              const BudgetModel& model, CompareResult& R) {
+                              const CompareOptions& opt, CompareResult& R) {
   const int64_t T = p.tokens, H = p.config.hidden_size, k = p.config.top_k;
   JudgedReference J;
   J.output = ref.output, J.budget = ref.budget, J.noise_var = ref.noise_var;
@@ -152,9 +152,9 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   J.requant = ref.requant;
   if (!J.requant.complete(T, H)) J.requant.clear();
 
-  const Reruns rr = find_near_ties(p, ref, obs, model, R);
+  const Reruns rr = find_near_ties(p, ref, obs, opt.model, R);
   if (!rr.tokens.empty()) {
-    const ForwardResult alt = rerun_reference(p, rr, model, !J.requant.direction.empty());
+    const ForwardResult alt = rerun_reference(p, rr, opt, !J.requant.direction.empty());
     // The re-run could not follow: no test rather than a partial one.
     if (!alt.requant.complete(int64_t(rr.tokens.size()), H)) J.requant.clear();
     for (size_t i = 0; i < rr.tokens.size(); ++i) {

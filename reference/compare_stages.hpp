@@ -42,8 +42,9 @@ struct JudgedReference {
 };
 
 // Fills R.ambiguous, R.mismatched and their counts.
+// Re-runs go through opt.forward when it is set.
 JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
-                              const BudgetModel& model, CompareResult& R);
+                              const CompareOptions& opt, CompareResult& R);
 
 // Per-element and per-slot ratios of one output against the judged reference.
 struct Ratios {

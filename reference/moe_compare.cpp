@@ -28,7 +28,7 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
   R.name = obs.name, R.model = opt.model, R.tokens = p.tokens, R.hidden = p.config.hidden_size, R.top_k = p.config.top_k;
   R.elements = R.tokens * R.hidden;
 
-  compare::JudgedReference J = compare::agree_routing(p, ref, obs, opt.model, R);
+  compare::JudgedReference J = compare::agree_routing(p, ref, obs, opt, R);
   const compare::Ratios X = compare::elementwise_ratios(p, J, obs, opt.keep_ratios, R);
   const compare::Attribution A = compare::attribute_failures(p, J, X, R);
   compare::aggregate_tests(p, J, obs, X, A, opt, R);

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,10 @@ struct CompareOptions {
   // Run the re-quantization test (BUDGETS.md §10.7); the reference must then carry its terms
   // (ForwardOptions::requant_terms), else the test reports "not fitted".
   bool requant_test = true;
+  // The reference of the near-tie tokens re-run with the backend's experts (BUDGETS.md §6): the
+  // same computation as the one that made `ref`. Empty: moe_forward; a sharded layer's judge
+  // (compare_sharded.hpp) passes its sharded reference.
+  std::function<ForwardResult(const MoeProblem&, const ForwardOptions&)> forward;
 };
 
 struct ExpertVerdict {
@@ -110,6 +116,8 @@ struct Power {
   bool vacuous = false;             // scale_output >= CompareOptions::vacuous_scale
 };
 
+struct ShardedVerdict;  // compare_sharded.hpp
+
 struct CompareResult {
   std::string name;
   BudgetModel model;   // the budget model judged with (CompareOptions::model; names: budget_model.hpp)
@@ -132,6 +140,9 @@ struct CompareResult {
   Power power;
   std::vector<float> ratio;                    // [T, H] when keep_ratios (inf for non-finite)
   std::vector<double> reference_output;        // [T, H] the reference used (after near-tie re-runs)
+  // A layer run over N ranks (compare_sharded): its ranks' and reduction's verdicts, counted in
+  // checks and pass above; null for a one-device output.
+  std::shared_ptr<const ShardedVerdict> sharded;
 };
 
 // ref: moe_forward(p, {tier = quantized, budget = &opt.model}) of the same problem.

@@ -12,30 +12,57 @@ namespace moecheck {
 
 std::string_view to_string(ShardKind k) { return k == ShardKind::tp ? "tp" : "ep"; }
 
+std::string to_string(const ShardPlan& s) { return fmt::format("{} {}", to_string(s.kind), s.ranks); }
+
+std::optional<ShardPlan> parse_shard_plan(std::string_view s) {
+  ShardPlan p;
+  if (s.starts_with("tp ")) p.kind = ShardKind::tp;
+  else if (s.starts_with("ep ")) p.kind = ShardKind::ep;
+  else return std::nullopt;
+  const std::string_view n = s.substr(3);
+  if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  p.ranks = std::stoll(std::string(n));
+  if (p.ranks < 1 || p.ranks > kMaxShardRanks || std::to_string(p.ranks) != n) return std::nullopt;
+  return p;
+}
+
+std::string shard_split_rule(const MoeConfig& c, const ShardPlan& s) {
+  const int64_t N = s.ranks;
+  if (N < 1) return fmt::format("must be at least 1, got {}", N);
+  if (N == 1) return "";
+  if (s.kind == ShardKind::ep) {
+    if (c.num_experts % N == 0) return "";
+    return fmt::format("num_experts E = {} does not divide into {} equal expert ranges (each rank holds E/N experts)",
+                       c.num_experts, N);
+  }
+  const int64_t I = c.intermediate_size, B = c.weight_block, G = c.group_size;
+  if (I % N == 0 && (I / N) % B == 0 && (I / N) % G == 0) return "";
+  const std::string unit = B == G ? fmt::format("the {}-wide weight block and quantization group", B)
+                                  : fmt::format("the {}-wide weight block and of the {}-wide quantization group", B, G);
+  return fmt::format("intermediate_size I = {} must split into {} equal slices whose size I/N is a multiple of {} "
+                     "(I/N = {}), so that no block scale and no re-quantization group straddles two ranks",
+                     I, N, unit, I % N == 0 ? std::to_string(I / N) : fmt::format("{}/{}, not an integer", I, N));
+}
+
+ShardRange shard_range(const MoeConfig& c, const ShardPlan& s, int64_t rank) {
+  const int64_t n = (s.kind == ShardKind::tp ? c.intermediate_size : c.num_experts) / s.ranks;
+  return {rank * n, n};
+}
+
 void require_shardable(const MoeConfig& c, const ShardPlan& s, const std::string& source) {
-  const std::string where = fmt::format("{} {}", to_string(s.kind), s.ranks);
+  const std::string where = to_string(s);
   if (s.ranks < 1) throw InputError(source, where, fmt::format("must be at least 1, got {}", s.ranks));
   if (c.local_expert_offset != 0 || c.local_experts() != c.num_experts)
     throw InputError(source, where, "the case must hold the whole layer (local_expert_offset 0, every expert local)");
-  if (s.kind == ShardKind::ep) {
-    if (c.num_experts % s.ranks != 0)
-      throw InputError(source, where, fmt::format("{} experts do not split evenly over {} ranks", c.num_experts, s.ranks));
-    return;
-  }
-  const int64_t I = c.intermediate_size, unit = s.ranks * std::max(c.weight_block, c.group_size);
-  if (I % unit != 0 || (I / s.ranks) % c.weight_block != 0 || (I / s.ranks) % c.group_size != 0)
-    throw InputError(source, where,
-                     fmt::format("intermediate_size {} must split into {} slices of whole {}-wide weight blocks and "
-                                 "{}-wide quantization groups",
-                                 I, s.ranks, c.weight_block, c.group_size));
+  if (const std::string rule = shard_split_rule(c, s); !rule.empty()) throw InputError(source, where, rule);
 }
 
 namespace {
 
-// Rank r's slice of one expert: W13 rows [r Is, (r+1) Is) of each half, W2 columns of the same
-// range, with their block scales (whole blocks: Is is a multiple of B).
-ExpertView tp_slice(const ExpertView& w, const MoeConfig& full, int64_t ranks, int64_t rank) {
-  const int64_t H = full.hidden_size, I = full.intermediate_size, B = full.weight_block, Is = I / ranks;
+// A rank's slice of one expert: W13 rows [begin, begin + size) of each half, W2 columns of the
+// same range, with their block scales (whole blocks: begin and size are multiples of B).
+ExpertView tp_slice(const ExpertView& w, const MoeConfig& full, const ShardRange& slice) {
+  const int64_t H = full.hidden_size, I = full.intermediate_size, B = full.weight_block, Is = slice.size;
   const int64_t hb = ceil_div(H, B), ib = ceil_div(I, B), isb = Is / B;
   struct Owned {
     std::vector<uint8_t> w13, w2;
@@ -45,14 +72,14 @@ ExpertView tp_slice(const ExpertView& w, const MoeConfig& full, int64_t ranks, i
   o->w13.resize(size_t(2 * Is * H));
   o->s13.resize(size_t(2 * isb * hb));
   for (int half = 0; half < 2; ++half) {
-    const int64_t src = half * I + rank * Is, dst = half * Is;
+    const int64_t src = half * I + slice.begin, dst = half * Is;
     std::copy_n(w.w13 + src * H, Is * H, o->w13.data() + dst * H);
     std::copy_n(w.w13_scale + (src / B) * hb, isb * hb, o->s13.data() + (dst / B) * hb);
   }
   o->w2.resize(size_t(H * Is));
   o->s2.resize(size_t(hb * isb));
-  for (int64_t row = 0; row < H; ++row) std::copy_n(w.w2 + row * I + rank * Is, Is, o->w2.data() + row * Is);
-  for (int64_t br = 0; br < hb; ++br) std::copy_n(w.w2_scale + br * ib + rank * isb, isb, o->s2.data() + br * isb);
+  for (int64_t row = 0; row < H; ++row) std::copy_n(w.w2 + row * I + slice.begin, Is, o->w2.data() + row * Is);
+  for (int64_t br = 0; br < hb; ++br) std::copy_n(w.w2_scale + br * ib + slice.begin / B, isb, o->s2.data() + br * isb);
   ExpertView v{o->w13.data(), o->s13.data(), o->w2.data(), o->s2.data(), {}};
   v.owner = std::shared_ptr<void>(o, o.get());
   return v;
@@ -65,20 +92,20 @@ MoeProblem shard_problem(const MoeProblem& full, const ShardPlan& s, int64_t ran
   if (rank < 0 || rank >= s.ranks) throw std::invalid_argument(fmt::format("shard_problem: rank {} of {}", rank, s.ranks));
   MoeProblem p = full;
   p.source = fmt::format("{} ({} rank {} of {})", full.source, to_string(s.kind), rank, s.ranks);
+  if (s.ranks == 1) return p;  // the layer itself (also where I has a ragged last block)
+  const ShardRange range = shard_range(full.config, s, rank);
   if (s.kind == ShardKind::ep) {
-    const int64_t n = full.config.num_experts / s.ranks;
-    p.config.local_expert_offset = rank * n;
-    p.config.local_num_experts = n;
+    p.config.local_expert_offset = range.begin;
+    p.config.local_num_experts = range.size;
     p.stored_experts.clear();
     for (int64_t e : full.stored_experts)
       if (p.config.is_local(e)) p.stored_experts.push_back(e);
     return p;
   }
-  p.config.intermediate_size = full.config.intermediate_size / s.ranks;
+  p.config.intermediate_size = range.size;
   const MoeConfig fc = full.config;
   const ExpertLoader load = full.load_expert;
-  const int64_t ranks = s.ranks;
-  p.load_expert = [load, fc, ranks, rank](int64_t e) { return tp_slice(load(e), fc, ranks, rank); };
+  p.load_expert = [load, fc, range](int64_t e) { return tp_slice(load(e), fc, range); };
   return p;
 }
 

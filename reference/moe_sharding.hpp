@@ -10,10 +10,16 @@
 //          routes every token; slots of other ranks' experts add nothing; partial output bf16.
 //   reduce the partials summed in float32 (any order: an all-reduce), the sum rounded to bf16.
 // The full layer must be unsharded (local_expert_offset 0, every expert local).
+//
+// This file owns the split rule: make-case --tp/--ep (golden/case_generator), dump --tp/--ep
+// (tools/checkpoint/layer_dump) and bench --tp take a rank's slice by shard_split_rule and
+// shard_range, so that a rank's case and the emulated rank hold the same weights.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "reference/moe_forward.hpp"
@@ -28,7 +34,26 @@ struct ShardPlan {
   int64_t ranks = 1;
 };
 
-// Throws InputError(source, "tp N" or "ep N", rule) when the layer cannot be split so.
+// "tp 4" / "ep 8" (the case file's /outputs/<name>/ranks@shard), and back: nullopt unless s is
+// "tp N" or "ep N" with N a decimal in [1, kMaxShardRanks].
+inline constexpr int64_t kMaxShardRanks = 4096;
+std::string to_string(const ShardPlan& s);
+std::optional<ShardPlan> parse_shard_plan(std::string_view s);
+
+// The rule that splitting a layer of config c over s.ranks breaks, "" when it splits (always for
+// one rank): TP needs I/N to be a whole multiple of the weight block and of the group size, EP
+// needs N to divide E. Not the whole-layer condition of require_shardable.
+std::string shard_split_rule(const MoeConfig& c, const ShardPlan& s);
+
+// What rank `rank` of a split that shard_split_rule accepts holds: TP the rows [begin, begin +
+// size) of each W13 half (and columns of W2), EP the global experts [begin, begin + size).
+struct ShardRange {
+  int64_t begin = 0, size = 0;
+};
+ShardRange shard_range(const MoeConfig& c, const ShardPlan& s, int64_t rank);
+
+// Throws InputError(source, "tp N" or "ep N", rule) when the layer cannot be split so: fewer
+// than one rank, a case that is itself a shard, or shard_split_rule's rule.
 void require_shardable(const MoeConfig& c, const ShardPlan& s, const std::string& source = "");
 
 // The problem rank `rank` runs: its config (TP: intermediate_size I/N; EP: its expert range) and

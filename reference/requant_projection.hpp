@@ -49,8 +49,8 @@ struct ExpertSlots {
   const std::vector<int64_t>* slots = nullptr;
 };
 
-// Fills res.requant_direction (q) [T, H], res.requant_signal, requant_var, requant_mean,
-// requant_mean_bound [T] from the slots' terms: q_t in double, then a second pass over the
+// Fills res.requant: the direction (q) [T, H] and signal, var, mean,
+// mean_bound [T] from the slots' terms: q_t in double, then a second pass over the
 // experts (W2_j^T q_t, one expert per thread, loads serialised by load_mutex as in the forward).
 void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSlots& in,
                          const std::vector<ExpertSlots>& experts, int threads, std::mutex& load_mutex,

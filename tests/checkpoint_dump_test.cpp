@@ -397,8 +397,8 @@ TEST(Dump, BadOptionsExitTwo) {
   EXPECT_NE(err({"--tokens", "4", "--seed", "1"}).find("--layer: required"), std::string::npos);
   EXPECT_NE(err({"--layer", "1"}).find("--tokens: required"), std::string::npos);
   EXPECT_NE(err({"--layer", "1", "--tokens", "4", "--seed", "1", "--experts", "some"}).find("--experts: must be all | routed"), std::string::npos);
-  EXPECT_NE(err({"--layer", "1", "--tokens", "4", "--seed", "1", "--tp", "4"}).find("--tp: each rank's intermediate size 64"), std::string::npos);
-  EXPECT_NE(err({"--layer", "1", "--tokens", "4", "--seed", "1", "--ep", "3"}).find("--ep: the 8 routed experts are not divisible by --ep 3"),
+  EXPECT_NE(err({"--layer", "1", "--tokens", "4", "--seed", "1", "--tp", "4"}).find("--tp: intermediate_size I = 256 must split into 4 equal slices"), std::string::npos);
+  EXPECT_NE(err({"--layer", "1", "--tokens", "4", "--seed", "1", "--ep", "3"}).find("--ep: num_experts E = 8 does not divide into 3"),
             std::string::npos);
   EXPECT_NE(err({"--layer", "1", "--hidden-states", dir.file("none.npy")}).find("none.npy: no such file"), std::string::npos);
 }

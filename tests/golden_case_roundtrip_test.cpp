@@ -229,6 +229,47 @@ TEST(CaseRoundTrip, AddOutputAndReferenceAtomically) {
   EXPECT_EQ(CaseReader(path).outputs().size(), 1u);
 }
 
+// An output over ranks: /outputs/<name>/ranks@shard and one dataset per rank, read back exactly
+// (bf16 values), by token range too; an output without ranks reads as before (no shard).
+TEST(CaseRoundTrip, OutputWithItsRanks) {
+  TempDir dir("ranks");
+  const SmallCase s = test::small_case();
+  const std::string path = dir.file("case.h5");
+  test::write_case(path, s);
+  const MoeConfig& c = s.header.config;
+  OutputData o = sample_output(c, 5, Precision::bf16);
+  o.shard = "ep 4";  // E = 8: two experts per rank
+  for (int r = 0; r < 4; ++r) {
+    o.ranks.emplace_back();
+    for (int64_t i = 0; i < 5 * c.hidden_size; ++i) o.ranks.back().push_back(bf16_round(float(r) - float(i % 11) / 4.0f));
+  }
+  add_output_to_case(path, "sharded", o);
+  add_output_to_case(path, "plain", sample_output(c, 5, Precision::bf16));
+  const CaseReader r(path);
+  EXPECT_TRUE(r.validate().empty());
+  for (const OutputInfo& info : r.outputs()) EXPECT_EQ(info.shard, info.name == "sharded" ? "ep 4" : "") << info.name;
+  const OutputData back = r.read_output("sharded");
+  EXPECT_EQ(back.shard, "ep 4");
+  EXPECT_EQ(back.ranks_dtype, Precision::bf16);
+  EXPECT_EQ(back.ranks, o.ranks);
+  const OutputData rows = r.read_output("sharded", 2, 2);
+  ASSERT_EQ(rows.ranks.size(), 4u);
+  EXPECT_EQ(rows.ranks[3], std::vector<float>(o.ranks[3].begin() + 2 * c.hidden_size, o.ranks[3].begin() + 4 * c.hidden_size));
+  EXPECT_TRUE(r.read_output("plain").ranks.empty());
+  EXPECT_TRUE(r.read_output("plain").shard.empty());
+
+  // What the reader would refuse is not written: a count that is not the shard's, a split the
+  // layer does not allow (I = 96 is no whole block), no temporary left.
+  OutputData wrong = o;
+  wrong.ranks.pop_back();
+  EXPECT_THROW(add_output_to_case(path, "short", wrong), std::invalid_argument);
+  wrong = o;
+  wrong.shard = "tp 4";
+  EXPECT_THROW(add_output_to_case(path, "tp", wrong), InputError);
+  EXPECT_EQ(dir_entries(dir), std::vector<std::string>{"case.h5"});
+  EXPECT_EQ(CaseReader(path).outputs().size(), 2u);
+}
+
 TEST(CaseWriterTest, NoFileWithoutCommitAndNoTemporaryOnFailure) {
   TempDir dir("writer");
   const SmallCase s = test::small_case();

@@ -54,6 +54,19 @@ Edit with_dtype(Edit e, const std::string& path, const std::string& dtype) {
   };
 }
 
+// /outputs/x with a valid output and a ranks group: attribute shard (absent when empty) and
+// one dataset per (name, shape) given, float32.
+Edit output_with_ranks(const std::string& shard, std::vector<std::pair<std::string, std::vector<hsize_t>>> ranks) {
+  return [=](H5::H5File& f) {
+    f.createGroup("/outputs");
+    f.createGroup("/outputs/x");
+    test::replace_dataset(f, "/outputs/x/output", H5::PredType::IEEE_F32LE, {5, 160});
+    H5::Group g = f.createGroup("/outputs/x/ranks");
+    if (!shard.empty()) test::set_attr(g, "shard", shard);
+    for (const auto& [name, dims] : ranks) test::replace_dataset(f, "/outputs/x/ranks/" + name, H5::PredType::IEEE_F32LE, dims);
+  };
+}
+
 void renormalize_base(SmallCase& s) {
   s.header.config.routing = RoutingMethod::renormalize;
   s.header.config.n_group = s.header.config.topk_group = 1;
@@ -208,6 +221,52 @@ std::vector<RuleCase> rule_cases() {
          test::replace_dataset(f, "/outputs/x/output", H5::PredType::IEEE_F32LE, {5, 160});
        },
        "/outputs/x@backend", "must be a string"},
+      // /outputs/<name>/ranks (the small case: E = 8, I = 96, so only ep splits it)
+      {"RanksWithoutShard", output_with_ranks("", {{"0", {5, 160}}, {"1", {5, 160}}}), "/outputs/x/ranks@shard",
+       "required attribute missing"},
+      {"RanksShardNotAPlan", output_with_ranks("ep2", {{"0", {5, 160}}, {"1", {5, 160}}}), "/outputs/x/ranks@shard",
+       "must be \"tp N\" or \"ep N\" with N in [1, 4096], got \"ep2\""},
+      {"RanksShardZero", output_with_ranks("ep 0", {}), "/outputs/x/ranks@shard", "got \"ep 0\""},
+      {"RanksShardTpBreaksBlocks", output_with_ranks("tp 2", {{"0", {5, 160}}, {"1", {5, 160}}}), "/outputs/x/ranks@shard",
+       "intermediate_size I = 96 must split into 2 equal slices"},
+      {"RanksShardEpNotDividing", output_with_ranks("ep 3", {{"0", {5, 160}}, {"1", {5, 160}}, {"2", {5, 160}}}),
+       "/outputs/x/ranks@shard", "num_experts E = 8 does not divide into 3"},
+      {"RanksTooFew", output_with_ranks("ep 4", {{"0", {5, 160}}, {"1", {5, 160}}}), "/outputs/x/ranks",
+       "holds 2 members; shard = \"ep 4\" needs one dataset per rank, named 0 to 3"},
+      {"RanksTooMany", output_with_ranks("ep 2", {{"0", {5, 160}}, {"1", {5, 160}}, {"2", {5, 160}}}), "/outputs/x/ranks",
+       "holds 3 members"},
+      {"RankBadName", output_with_ranks("ep 2", {{"0", {5, 160}}, {"01", {5, 160}}}), "/outputs/x/ranks/01",
+       "unknown dataset (this group holds only 0, 1)"},
+      {"RankWrongShape", output_with_ranks("ep 2", {{"0", {5, 160}}, {"1", {5, 8}}}), "/outputs/x/ranks/1",
+       "shape must be [T, H] = [5, 160], got [5, 8]"},
+      {"RankWrongRank", output_with_ranks("ep 2", {{"0", {5, 160}}, {"1", {800}}}), "/outputs/x/ranks/1", "must have rank 2"},
+      {"RankBf16WithoutDtype",
+       [](H5::H5File& f) {
+         output_with_ranks("ep 2", {{"0", {5, 160}}})(f);
+         test::replace_dataset(f, "/outputs/x/ranks/1", H5::PredType::STD_U16LE, {5, 160});
+       },
+       "/outputs/x/ranks/1", "uint16 data needs attribute dtype = \"bfloat16\""},
+      {"RankIsGroup",
+       [](H5::H5File& f) {
+         output_with_ranks("ep 2", {{"0", {5, 160}}})(f);
+         f.createGroup("/outputs/x/ranks/1");
+       },
+       "/outputs/x/ranks/1", "must be a dataset, got a group"},
+      {"RanksIsDataset",
+       [](H5::H5File& f) {
+         f.createGroup("/outputs");
+         f.createGroup("/outputs/x");
+         test::replace_dataset(f, "/outputs/x/output", H5::PredType::IEEE_F32LE, {5, 160});
+         test::replace_dataset(f, "/outputs/x/ranks", H5::PredType::IEEE_F32LE, {5, 160});
+       },
+       "/outputs/x/ranks", "must be a group, got a dataset"},
+      {"RanksOfAShard", output_with_ranks("ep 2", {{"0", {5, 160}}, {"1", {5, 160}}}), "/outputs/x/ranks@shard",
+       "the case must hold the whole layer",
+       false,
+       [](SmallCase& s) {
+         s.header.config.local_expert_offset = 4, s.header.config.local_num_experts = 4;
+         s.experts.resize(4);
+       }},
       {"ReferenceTopkIdsInt64",
        [](H5::H5File& f) {
          f.createGroup("/reference");

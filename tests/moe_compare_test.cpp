@@ -222,6 +222,19 @@ TEST(Compare, NearTieChoiceIsAcceptedAndJudged) {
   EXPECT_EQ(r.ambiguous_tokens, 1);
   ASSERT_EQ(r.ambiguous.size(), 1u);
   EXPECT_EQ(r.ambiguous[0], 1);
+  // The re-run goes through CompareOptions::forward when it is set (a sharded layer's judge
+  // passes its sharded reference there), with the backend's experts as the routing override.
+  int calls = 0;
+  CompareOptions hooked = opt;
+  hooked.forward = [&](const MoeProblem& p, const ForwardOptions& f) {
+    ++calls;
+    EXPECT_TRUE(f.routing_override != nullptr);
+    return moe_forward(p, f);
+  };
+  const CompareResult rh = compare_output(L.problem(), ref, o, hooked);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(rh.ambiguous, r.ambiguous);
+  EXPECT_EQ(rh.max_ratio, r.max_ratio);
   // A different expert that is nowhere near a tie is a mismatch.
   alt.ids[1 * 2 + 1] = 7;
   o.topk_ids = alt.ids;

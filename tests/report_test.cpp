@@ -1,22 +1,24 @@
 // Tests of the `moecheck compare` reports (tools/report/report.hpp) on hand-built compare results
 // (tests/report_test_data.hpp): the terminal report's key lines and width, colour only when
 // asked, the JSON document's schema (tools/report/REPORT-SCHEMA.md) and its non-finite encoding, the
-// HTML page's structure, escaping and size, and the atomic writes. The page in a real browser is
-// tests/report_browser_test.cpp.
+// HTML page's structure, escaping and size, a layer over ranks in all three, and the atomic writes.
+// The page in a real browser is tests/report_browser_test.cpp.
 //
-// Sections: text, colour, json, html, files.
+// Sections: text, colour, json, html, sharding, files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
+#include "reference/compare_sharded.hpp"
 #include "reference/errors.hpp"
 #include "tests/report_test_data.hpp"
 #include "tools/report/report.hpp"
@@ -36,6 +38,19 @@ ReportContext context() {
   ctx.budget_model = report::describe_budget_model(BudgetModel{AccumulatorModel::hopper_tensor_core()});
   ctx.reference_seconds = 12.5;
   return ctx;
+}
+
+// A layer over two TP ranks whose rank 1 fails and whose reduction counts it twice: every report
+// names the rank; a one-device output's JSON has no "sharding" key (its report is unchanged).
+CompareResult sharded_result() {
+  CompareResult r = failing_result();
+  auto v = std::make_shared<ShardedVerdict>();
+  v->plan = {ShardKind::tp, 2};
+  v->ranks = {passing_result(), failing_result()};
+  v->ranks[0].name = "rank 0", v->ranks[1].name = "rank 1";
+  v->reduction_outside = 3, v->blamed_rank = 1, v->blamed_beta = 1.0, v->blamed_share = 0.99;
+  r.sharded = v;
+  return r;
 }
 
 std::string text_of(const std::vector<CompareResult>& rs, report::TextOptions opt = {},
@@ -132,7 +147,13 @@ TEST(ReportText, EveryLineFitsIn120Columns) {
   CompareResult r = failing_result();
   r.name = "faulty:" + std::string(150, 'n');
   for (int64_t t = 0; t < 40; ++t) r.mismatched.push_back(1000000 + t), r.failing_tokens_unexplained.push_back(t);
-  const std::string t = text_of({r, nonfinite_result(), passing_result()}, {}, ctx);
+  CompareResult sharded = sharded_result();
+  auto v = std::make_shared<ShardedVerdict>(*sharded.sharded);
+  for (int64_t rank = 2; rank < 4096; ++rank) v->ranks.push_back(v->ranks[1]), v->ranks.back().name = fmt::format("rank {}", rank);
+  v->ranks.back().worst_token = 16777215, v->ranks.back().worst_col = 16777215, v->reduction_outside = 1 << 30;
+  for (int64_t e = 0; e < 300; ++e) v->ranks.back().experts.push_back(v->ranks.back().experts.front());
+  sharded.sharded = v;
+  const std::string t = text_of({r, nonfinite_result(), passing_result(), sharded}, {}, ctx);
   for (const std::string& l : lines_of(t)) EXPECT_LE(l.size(), 120u) << "too long: " << l;
   EXPECT_NE(t.find("..."), std::string::npos);
 }
@@ -316,6 +337,32 @@ struct TempDir {
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// ---- sharding ------------------------------------------------------------------------------
+TEST(ReportSharding, TheRanksAndTheReductionInEveryReport) {
+  std::ostringstream text;
+  report::write_text(text, context(), {passing_result(), sharded_result()});
+  for (const char* line : {"  sharding: tp 2, judged as one layer above", "    rank 0: PASS", "    rank 1: FAIL",
+                           "      failing experts ", "    reduction: FAIL (3 elements outside the float32 all-reduce of the ranks' partials)\n"
+                           "      the residual is rank 1's partial x 1.000 (99% of its energy)\n"})
+    EXPECT_NE(text.str().find(line), std::string::npos) << line << "\n" << text.str();
+  EXPECT_EQ(text.str().find("sharding:"), text.str().rfind("sharding:")) << "only the sharded output has it";
+
+  const Json doc = Json::parse(report::render_json(context(), {passing_result(), sharded_result()}));
+  EXPECT_FALSE(doc["outputs"][0].contains("sharding"));
+  const Json& s = doc["outputs"][1]["sharding"];
+  EXPECT_EQ(s["shard"], "tp 2");
+  EXPECT_EQ(s["status"], "fail");
+  EXPECT_EQ(s["failing_ranks"], Json::array({1}));
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][1]["status"], "fail");
+  EXPECT_EQ(s["ranks"][1]["max_ratio"], 12.5);
+  EXPECT_EQ(s["reduction"], (Json{{"status", "fail"}, {"elements_outside", 3}, {"blamed_rank", 1}, {"beta", 1.0}, {"share", 0.99}}));
+
+  const std::string h = report::render_html(context(), {sharded_result()});
+  EXPECT_NE(h.find("<h3>Ranks (tp 2)</h3>"), std::string::npos);
+  EXPECT_NE(h.find("the residual is rank 1's partial &times; 1.000"), std::string::npos);
 }
 
 TEST(ReportFiles, WrittenAtomicallyAndReplaced) {

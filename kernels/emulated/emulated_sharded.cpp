@@ -47,6 +47,8 @@ ShardedOutput run_emulated_sharded(const MoeProblem& full, const ShardPlan& plan
     EmulatedOptions eo;
     eo.expert_outputs = opt.expert_outputs;
     eo.fault = r == opt.fault_rank ? opt.fault : Fault::none;
+    eo.tensor_core = opt.tensor_core;
+    eo.int32_overflow_threshold = opt.int32_overflow_threshold;
     out.ranks.push_back(run_emulated(p, eo));
     std::vector<float> part;
     for (uint16_t v : out.ranks.back().output_bf16) part.push_back(bf16_decode(v));

@@ -31,6 +31,9 @@ struct ShardedOptions {
   Fault fault = Fault::none;  // applied on fault_rank only
   int64_t fault_rank = 0;
   bool expert_outputs = false;
+  // Every rank's as in EmulatedOptions: its block sums (emulated@hopper) and int32_overflow's wrap.
+  const TensorCoreModel* tensor_core = nullptr;
+  int64_t int32_overflow_threshold = int64_t(1) << 31;
 };
 
 struct ShardedOutput {

@@ -24,6 +24,7 @@
 
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
+#include "reference/moe_sharding.hpp"
 #include "tools/bench/bench.hpp"
 #include "tools/report/report.hpp"
 #ifdef MOECHECK_HAVE_CUDA
@@ -171,10 +172,9 @@ int bench_gpu(const GpuBenchRequest& q) {
   o.min_iters = q.min_iters;
   o.min_seconds = q.min_seconds;
   o.input_sets = q.input_sets;
-  if (q.tp < 1 || o.config.intermediate_size % (q.tp * 128) != 0)
-    throw InputError("", "--tp", fmt::format("must divide intermediate_size {} into multiples of 128, got {}",
-                                             o.config.intermediate_size, q.tp));
-  o.config.intermediate_size /= q.tp;
+  const ShardPlan tp{ShardKind::tp, q.tp};
+  if (const std::string rule = shard_split_rule(o.config, tp); !rule.empty()) throw InputError("", "--tp", rule);
+  o.config.intermediate_size = shard_range(o.config, tp, 0).size;
   for (int64_t t : o.tokens)
     if (t < 1 || t > (int64_t(1) << 20)) throw InputError("", "--tokens", fmt::format("{} is outside [1, 2^20]", t));
   std::string names;

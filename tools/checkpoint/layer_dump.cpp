@@ -15,6 +15,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_routing.hpp"
+#include "reference/moe_sharding.hpp"
 #include "tools/checkpoint/hidden_input.hpp"
 
 namespace moecheck::ckpt {
@@ -23,7 +24,7 @@ namespace {
 
 // The TP slice of the intermediate dimension: rows [offset, offset + local) of gate/up, the
 // same columns of down. Block scales are sliced, never recomputed, so the slice must start and
-// (because gate and up are stacked into w13) span whole weight blocks.
+// (because gate and up are stacked into w13) span whole weight blocks: moe_sharding's rule.
 struct Slice {
   int64_t full = 0, offset = 0, local = 0;
 };
@@ -31,33 +32,26 @@ struct Slice {
 Slice tp_slice(const DumpRequest& o, const MoeConfig& layer) {
   if (o.tp < 1) throw InputError("", "--tp", fmt::format("must be >= 1, got {}", o.tp));
   if (o.tp_rank < 0 || o.tp_rank >= o.tp) throw InputError("", "--tp-rank", fmt::format("must be in [0, --tp = {}), got {}", o.tp, o.tp_rank));
-  const int64_t I = layer.intermediate_size, B = layer.weight_block;
-  if (I % o.tp != 0)
-    throw InputError("", "--tp", fmt::format("moe_intermediate_size {} is not divisible by --tp {}", I, o.tp));
-  Slice s{I, o.tp_rank * (I / o.tp), I / o.tp};
-  if (s.local % B != 0)
-    throw InputError("", "--tp",
-                     fmt::format("each rank's intermediate size {} (moe_intermediate_size {} / --tp {}) is not a multiple of the "
-                                 "{}-wide weight blocks: the block scales cannot be sliced (and gate and up rows would share a "
-                                 "w13 scale block)",
-                                 s.local, I, o.tp, B));
-  return s;
+  const ShardPlan plan{ShardKind::tp, o.tp};
+  if (const std::string rule = shard_split_rule(layer, plan); !rule.empty()) throw InputError("", "--tp", rule);
+  const ShardRange r = shard_range(layer, plan, o.tp_rank);
+  return Slice{layer.intermediate_size, r.begin, r.size};
 }
 
-void check_ep(const DumpRequest& o, int64_t E) {
+void check_ep(const DumpRequest& o, const MoeConfig& layer) {
   if (o.ep < 1) throw InputError("", "--ep", fmt::format("must be >= 1, got {}", o.ep));
   if (o.ep_rank < 0 || o.ep_rank >= o.ep) throw InputError("", "--ep-rank", fmt::format("must be in [0, --ep = {}), got {}", o.ep, o.ep_rank));
-  if (E % o.ep != 0) throw InputError("", "--ep", fmt::format("the {} routed experts are not divisible by --ep {}", E, o.ep));
+  if (const std::string rule = shard_split_rule(layer, {ShardKind::ep, o.ep}); !rule.empty()) throw InputError("", "--ep", rule);
 }
 
 // The case's configuration: the layer's, with this rank's TP slice and EP range and the
 // requested layouts and dtypes.
 MoeConfig case_config(const DumpRequest& o, const MoeConfig& layer, const Slice& slice, const std::string& config_path) {
-  const int64_t E = layer.num_experts;
+  const ShardRange experts = shard_range(layer, {ShardKind::ep, o.ep}, o.ep_rank);
   MoeConfig c = layer;
   c.intermediate_size = slice.local;
-  c.local_expert_offset = o.ep_rank * (E / o.ep);
-  c.local_num_experts = E / o.ep;
+  c.local_expert_offset = experts.begin;
+  c.local_num_experts = experts.size;
   c.gate_up_layout = o.gate_up_layout;
   c.intermediate_dtype = o.intermediate_dtype;
   c.routing_weight_dtype = o.routing_weight_dtype;
@@ -215,7 +209,7 @@ LayerDump plan_layer_dump(const DumpRequest& o) {
   d.layer = read_hf_moe_layer(config_path, o.layer);
   d.names = layer_tensors(d.layer.family, o.layer);
   const Slice slice = tp_slice(o, d.layer.config);
-  check_ep(o, d.layer.config.num_experts);
+  check_ep(o, d.layer.config);
   d.config = case_config(o, d.layer.config, slice, config_path);
   d.intermediate_offset = slice.offset;
   read_hidden(o, d.layer.config, d);

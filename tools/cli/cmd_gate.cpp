@@ -1,5 +1,6 @@
 // `moecheck gate [--backend B] [--cases N | --time S] [--seed S] [--presets P,...] [--case i]
-//                [--junit FILE] [--golden DIR | --no-golden] [--work-dir DIR] [--shrink N]`:
+//                [--junit FILE] [--golden DIR | --no-golden] [--work-dir DIR] [--shrink N]
+//                [--tp N | --ep N [--shard-fault F] [--fault-rank R]]`:
 // the one command CI runs. A property sweep of generated cases (tools/sweep/gate_sweep.hpp: presets,
 // token counts, distributions, near-ties, scale formats, dtypes, layouts, TP/EP shards,
 // routed-only storage), each run on backend B and judged by compare's budgets
@@ -12,8 +13,10 @@
 // failure its make-case command, `moecheck gate --seed S --case i` and the shrunk case's replay
 // command. Exit 0 when everything passed, 1 when a check failed, 2 for bad input (or, with no
 // failed check, a generated case that moecheck itself could not judge, or a sweep whose cases the
-// backend all declined). The run itself is tools/sweep/gate_run.hpp; this file resolves the
-// options and prints.
+// backend all declined). With --tp N / --ep N every sweep case is the whole layer, run over N
+// ranks on the emulated backends (default: emulated) and judged as a layer, per rank and for the
+// reduction; a case the split does not fit is not judged (counted with the reason). The run
+// itself is tools/sweep/gate_run.hpp; this file resolves the options and prints.
 #include <fmt/format.h>
 #include <stdlib.h>
 
@@ -26,6 +29,7 @@
 #include "golden/model_presets.hpp"
 #include "tools/cli/cli_common.hpp"
 #include "tools/cli/progress_line.hpp"
+#include "tools/cli/shard_options.hpp"
 #include "tools/judge/backend_run.hpp"
 #include "tools/sweep/gate_run.hpp"
 #include "tools/sweep/gate_sweep.hpp"
@@ -45,6 +49,7 @@ struct GateOptions {
   uint64_t seed = 1;
   bool no_golden = false, quiet = false, keep = false, no_expert_outputs = false, verbose = false;
   bool allow_vacuous = false;
+  ShardOptions shard;
   const CLI::Option *cases_opt = nullptr, *time_opt = nullptr;
 };
 
@@ -62,7 +67,11 @@ std::vector<std::string> split_csv(const std::string& s) {
 // The backend (default: cuda with a usable GPU, else emulated) and why; the presets and recipes
 // checked. InputError for what cannot run.
 sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
-  if (o.backend.empty()) {
+  const judge::ShardRequest shard = shard_request(o.shard);
+  if (o.backend.empty() && shard.plan) {
+    o.backend = "emulated";
+    why = "default over ranks: multi-GPU runs through NCCL are not built yet";
+  } else if (o.backend.empty()) {
     const judge::GpuAvailability g = judge::gpu_availability();
     o.backend = g.usable ? "cuda" : "emulated";
     why = g.usable ? "default: a usable GPU (" + g.device + ")" : "default without a usable GPU: " + g.why;
@@ -70,6 +79,7 @@ sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
     why = "given with --backend";
   }
   const judge::BackendName bn = judge::parse_backend_name(o.backend);
+  judge::check_shard_request(o.backend, shard);
   if (bn.gpu()) {
     const judge::GpuAvailability g = judge::gpu_availability();
     if (!g.usable) throw InputError("", "--backend", o.backend + " needs a usable GPU: " + g.why);
@@ -93,6 +103,7 @@ sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
   q.golden_dir_required = !o.golden.empty();
   q.shrink = o.shrink, q.max_failures = o.max_failures, q.int32_threshold = o.int32_threshold;
   q.expert_outputs = !o.no_expert_outputs, q.allow_vacuous = o.allow_vacuous, q.verbose = o.verbose;
+  q.shard = shard;
   return q;
 }
 
@@ -115,6 +126,11 @@ int run_gate(GateOptions& o) {
   std::string why;
   sweep::GateRequest q = resolve_request(o, why);
   std::cout << fmt::format("gate: backend {} ({}), seed {}, presets {}\n", q.backend, why, q.seed, fmt::join(q.presets, ","));
+  if (q.shard.plan)
+    std::cout << fmt::format("gate: every sweep case run over {} ranks ({}) and judged as a layer, per rank and for "
+                             "the reduction; cases the split does not fit are not judged\n",
+                             q.shard.plan->ranks,
+                             judge::shard_arguments(q.shard, judge::parse_backend_name(q.backend).faulty()).substr(1));
   if (q.backend == "faulty:int32_overflow" && q.int32_threshold == 0)
     std::cout << "gate: faulty:int32_overflow wraps at T*k*H/2 of each case (the real 2^31 needs a huge case)\n";
 
@@ -192,6 +208,7 @@ void register_gate(CLI::App& app) {
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress line");
   add_exec_timeout_option(sub);
+  add_shard_options(sub, o->shard);
   set_runner(sub, [o]() { return run_gate(*o); });
 }
 

@@ -74,6 +74,7 @@ Json build_document(const CaseReader& r, const std::vector<Problem>& problems) {
                     {"backend", attr_or_null(o.attributes, "backend")},
                     {"device", attr_or_null(o.attributes, "device")},
                     {"created", attr_or_null(o.attributes, "created")},
+                    {"shard", o.shard.empty() ? Json(nullptr) : Json(o.shard)},
                     {"attributes", o.attributes},
                     {"datasets", datasets_under(r, "/outputs/" + o.name)}});
   doc["outputs"] = outs;
@@ -126,8 +127,9 @@ void print_text(const Json& doc, std::ostream& out) {
   }
   out << "outputs:" << (doc["outputs"].empty() ? "         none\n" : "\n");
   for (const Json& o : doc["outputs"])
-    out << fmt::format("  {:<20} backend={} device={} created={} datasets={}\n", text_of(o["name"]),
-                       text_of(o["backend"]), text_of(o["device"]), text_of(o["created"]), o["datasets"].dump());
+    out << fmt::format("  {:<20} backend={} device={} created={}{} datasets={}\n", text_of(o["name"]),
+                       text_of(o["backend"]), text_of(o["device"]), text_of(o["created"]),
+                       o["shard"].is_null() ? "" : " shard=\"" + text_of(o["shard"]) + "\"", o["datasets"].dump());
   out << "references:" << (doc["references"].empty() ? "      none\n" : "\n");
   for (const Json& r : doc["references"])
     out << fmt::format("  {:<20} tool_version={} input_hash={} datasets={}\n", text_of(r["tier"]),

@@ -1,4 +1,4 @@
-// `moecheck shrink CASE (--backend B | --output NAME) -o MIN [--max-attempts N]
+// `moecheck shrink CASE (--backend B [--tp N | --ep N ...] | --output NAME) -o MIN [--max-attempts N]
 //  [--int32-threshold N] [--budget-model M] [--no-record]`: minimizes a failing case while it still fails
 // (tools/sweep/case_shrink.hpp: fewer tokens, fewer experts, fewer 128-blocks of H and I, zeroed
 // groups) and writes MIN atomically, its description naming what it was shrunk from, the
@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "tools/cli/cli_common.hpp"
+#include "tools/cli/shard_options.hpp"
 #include "tools/judge/exec_backend.hpp"
 #include "tools/judge/reference_store.hpp"
 #include "tools/sweep/case_shrink.hpp"
@@ -25,6 +26,7 @@ void register_shrink(CLI::App& app) {
     int64_t int32_threshold = 0;
     std::string control, model;
     bool no_record = false, no_control = false, quiet = false, allow_vacuous = false;
+    ShardOptions shard;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("CASE", o->path, "the failing case")->required();
@@ -42,9 +44,14 @@ void register_shrink(CLI::App& app) {
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   add_exec_timeout_option(sub);
+  add_shard_options(sub, o->shard);
   set_runner(sub, [o]() {
     if (o->backend.empty() && o->output.empty()) throw InputError("", "--backend", "give --backend B or --output NAME");
     sweep::ShrinkOptions so;
+    so.check.shard = shard_request(o->shard);
+    if (so.check.shard.plan && o->backend.empty())
+      throw InputError("", "--output", "--tp and --ep run a backend; a recorded output keeps its own ranks");
+    if (!o->backend.empty()) judge::check_shard_request(o->backend, so.check.shard);
     so.check.backend = o->backend;
     so.check.output = o->output;
     so.check.int32_threshold = o->int32_threshold;

@@ -120,6 +120,11 @@ OutputData to_output_data(const BackendOutput& r) {
   d.topk_weights = r.topk_weights;
   d.expert_outputs = r.expert_outputs;
   if (r.expert_outputs_bf16) d.expert_outputs_dtype = Precision::bf16;
+  d.shard = r.shard;
+  for (const BackendOutput& rank : r.ranks) {
+    d.ranks.emplace_back(rank.output_bf16.size());
+    for (size_t i = 0; i < rank.output_bf16.size(); ++i) d.ranks.back()[i] = bf16_decode(rank.output_bf16[i]);
+  }
   return d;
 }
 

@@ -47,8 +47,9 @@ BackendName parse_backend_name(const std::string& name);
 BackendOutput run_backend(const CaseProblem& cp, const std::string& backend, bool expert_outputs,
                           int64_t int32_threshold = 0);
 
-// The /outputs/<name> record of a run: bf16 output, ids, weights, expert outputs, and the
-// attributes backend, device, created (UTC), tool_version and budget_model.
+// The /outputs/<name> record of a run: bf16 output, ids, weights, expert outputs, a sharded run's
+// ranks (golden/FORMAT.md /outputs/<name>/ranks), and the attributes backend, device, created
+// (UTC), tool_version and budget_model.
 OutputData to_output_data(const BackendOutput& r);
 // The hashes of the inputs an output was computed from, as its attributes input_hash (the
 // combined hash of CaseProblem::input_hash) and input_hash:<part> per input (golden/FORMAT.md).

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "reference/budget_model.hpp"
+#include "reference/compare_sharded.hpp"
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
 #include "tools/judge/backend_run.hpp"
@@ -78,6 +79,16 @@ std::string id_list(const std::vector<int64_t>& v, size_t max_shown = 6) {
   return s;
 }
 std::string g3(double x) { return fmt::format("{:.3g}", x); }
+
+// A layer over ranks: each failing rank with its own reason, and the reduction.
+void sharding_reasons(const ShardedVerdict& v, std::vector<std::string>& parts) {
+  for (int64_t rank : v.failing_ranks()) parts.push_back(fmt::format("[{}]", failure_reason(v.ranks[size_t(rank)])));
+  if (v.reduction_pass()) return;
+  std::string s = fmt::format("the reduction: {} elements outside the float32 all-reduce of the ranks' partials",
+                              v.reduction_outside);
+  if (v.blamed_rank >= 0) s += fmt::format(" (rank {}'s partial x {:.3f} explains it)", v.blamed_rank, v.blamed_beta);
+  parts.push_back(s);
+}
 }  // namespace
 
 std::string failure_reason(const CompareResult& r) {
@@ -111,6 +122,7 @@ std::string failure_reason(const CompareResult& r) {
   if (!r.mismatched.empty())
     parts.push_back(fmt::format("routing differs on token{} {}", r.mismatched.size() > 1 ? "s" : "", id_list(r.mismatched)));
   if (r.metrics.nonfinite > 0) parts.push_back(fmt::format("{} non-finite values", r.metrics.nonfinite));
+  if (r.sharded) sharding_reasons(*r.sharded, parts);
   std::string s = fmt::format("{}: ", r.name);
   for (size_t i = 0; i < parts.size(); ++i) s += (i ? "; " : "") + parts[i];
   if (r.worst_token >= 0)
@@ -125,12 +137,13 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens) {
 }
 
 std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
-                           const std::string& budget_model) {
-  // compare --output: the name run records the output under (exec:CMD -> exec, '@' -> '+').
-  return fmt::format("moecheck run {0} --backend {1} --expert-outputs{2} && moecheck compare {0} --output {4}{3}",
-                     case_path, shell_quote(backend),
-                     int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "",
-                     budget_model.empty() ? "" : " --budget-model " + budget_model, default_output_name(backend)) +
+                           const std::string& budget_model, const ShardRequest& shard) {
+  // compare --output: the name run records the output under (exec:CMD -> exec, '@' -> '+'; a
+  // sharded run's with its split). A sharded run records no slot outputs.
+  return fmt::format("moecheck run {0} --backend {1}{5}{2} && moecheck compare {0} --output {4}{3}", case_path,
+                     shell_quote(backend), int32_threshold > 0 ? fmt::format(" --int32-threshold {}", int32_threshold) : "",
+                     budget_model.empty() ? "" : " --budget-model " + budget_model, sharded_output_name(backend, shard),
+                     shard.plan ? shard_arguments(shard, parse_backend_name(backend).faulty()) : " --expert-outputs") +
          (is_exec_backend(backend) && exec_timeout_seconds() != 600
               ? fmt::format(" --exec-timeout {}", exec_timeout_seconds()) : "");
 }
@@ -152,7 +165,8 @@ CheckOutcome input_error_outcome(const InputError& e) {
 // case the reader accepted is the backend's failure.
 void judge_backend_run(const CaseProblem& cp, const CheckOptions& opt, CheckOutcome& out) {
   try {
-    out.run = run_backend(cp, opt.backend, opt.expert_outputs, opt.int32_threshold);
+    out.run = opt.shard.plan ? run_sharded_backend(cp, opt.backend, opt.shard, opt.int32_threshold)
+                             : run_backend(cp, opt.backend, opt.expert_outputs, opt.int32_threshold);
   } catch (const BackendUnsupported& e) {
     out.status = CheckStatus::unsupported;
     out.reason = e.rule();  // without the file: the same reason for every case it applies to
@@ -174,8 +188,10 @@ void judge_backend_run(const CaseProblem& cp, const CheckOptions& opt, CheckOutc
   copt.model = parse_budget_model(model);
   copt.keep_ratios = opt.keep_ratios;
   copt.allow_vacuous = opt.allow_vacuous;
-  const ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{});
-  out.results.push_back(compare_output(cp.problem(), ref, observation_of(*out.run), copt));
+  ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{});
+  out.results.push_back(out.run->ranks.empty() ? compare_output(cp.problem(), ref, observation_of(*out.run), copt)
+                                               : compare_sharded(cp.problem(), *parse_shard_plan(out.run->shard),
+                                                                 std::move(ref), sharded_observation_of(*out.run), copt));
   out.budget_models.push_back(model);
 }
 

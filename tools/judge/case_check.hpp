@@ -23,6 +23,7 @@
 #include "golden/case_problem.hpp"
 #include "kernels/backend_output.hpp"
 #include "reference/moe_compare.hpp"
+#include "tools/judge/sharded_run.hpp"
 
 namespace moecheck::judge {
 
@@ -34,6 +35,9 @@ struct CheckOptions {
   bool expert_outputs = true;  // run the backend with per-slot outputs (judged per slot)
   bool keep_ratios = false;    // keep CompareResult::ratio (reports that draw heatmaps)
   bool allow_vacuous = false;  // a vacuous output (CompareOptions) does not fail the check
+  // Run the backend over N ranks (sharded_run.hpp) and judge the layer, each rank and the
+  // reduction (reference/compare_sharded.hpp); its slot outputs are not recorded then.
+  ShardRequest shard;
 };
 
 enum class CheckStatus { pass, fail, unsupported, input_error };
@@ -72,7 +76,8 @@ Observation observation_of(const BackendOutput& b);
 Observation observation_of(const std::string& name, OutputData&& d);
 
 // One line naming what failed: failing experts (and which test), token-local failures,
-// routing mismatches, non-finite values, the worst ratio. "" when r passed.
+// routing mismatches, non-finite values, failing ranks (each with its own reason) and the
+// reduction of a layer over ranks, the worst ratio. "" when r passed.
 std::string failure_reason(const CompareResult& r);
 
 // The int32 wrap index at which faulty:int32_overflow can show on a case of this size: half of
@@ -83,6 +88,6 @@ int64_t scaled_int32_threshold(const MoeConfig& c, int64_t tokens);
 // The command that replays a backend's judgement of a case through the ordinary pipeline
 // (budget_model: the model named on the command line, "" for the backend's default).
 std::string replay_command(const std::string& case_path, const std::string& backend, int64_t int32_threshold,
-                           const std::string& budget_model = "");
+                           const std::string& budget_model = "", const ShardRequest& shard = {});
 
 }  // namespace moecheck::judge

@@ -7,10 +7,12 @@
 #include <map>
 #include <stdexcept>
 
+#include "reference/compare_sharded.hpp"
 #include "reference/errors.hpp"
 #include "tools/judge/backend_run.hpp"
 #include "tools/judge/case_check.hpp"
 #include "tools/judge/reference_store.hpp"
+#include "tools/judge/sharded_run.hpp"
 
 namespace moecheck::judge {
 
@@ -44,6 +46,13 @@ std::vector<OutputInfo> selected_outputs(const CaseReader& r, const RecordedOpti
   }
   if (outputs.empty())
     throw InputError(r.path(), "/outputs", "the case holds no recorded output (record one with moecheck run)");
+  if (opt.reference.tier == Tier::ideal)
+    for (const OutputInfo& o : outputs)
+      if (!o.shard.empty())
+        throw InputError(r.path(), "--tier",
+                         fmt::format("the ideal tier does not judge /outputs/{}, a layer over ranks ({}: its ranks are "
+                                     "judged against their shards' quantized references); use --tier quantized",
+                                     o.name, o.shard));
   return outputs;
 }
 
@@ -80,6 +89,22 @@ Observation read_observation(const CaseProblem& cp, const std::string& name, Tie
   return obs;
 }
 
+// One recorded output judged against the layer's reference: with its ranks and their reduction
+// when it has them (compare_sharded). `kept`: the output as judged, for the reports.
+CompareResult judge_output(const CaseProblem& cp, const OutputInfo& info, const ForwardResult& ref,
+                           const CompareOptions& copt, Tier tier, std::vector<float>& kept) {
+  if (info.shard.empty()) {
+    Observation obs = read_observation(cp, info.name, tier);
+    CompareResult R = compare_output(cp.problem(), ref, obs, copt);
+    kept = std::move(obs.output);
+    return R;
+  }
+  ShardedObservation obs = sharded_observation_of(info.name, cp.reader().read_output(info.name));
+  CompareResult R = compare_sharded(cp.problem(), *parse_shard_plan(info.shard), ref, obs, copt);
+  kept = std::move(obs.layer.output);
+  return R;
+}
+
 }  // namespace
 
 RecordedJudgement judge_recorded_outputs(const CaseProblem& cp, const RecordedOptions& opt) {
@@ -108,10 +133,8 @@ RecordedJudgement judge_recorded_outputs(const CaseProblem& cp, const RecordedOp
     copt.requant_test = opt.reference.requant_test;
     j.models.push_back(copt.model);
     for (size_t i : idx) {
-      Observation obs = read_observation(cp, outputs[i].name, opt.reference.tier);
-      j.results[i] = compare_output(cp.problem(), ref, obs, copt);
+      j.results[i] = judge_output(cp, outputs[i], ref, copt, opt.reference.tier, j.outputs[i]);
       j.budget_models[i] = model_name;
-      j.outputs[i] = std::move(obs.output);
     }
   }
   return j;

@@ -6,7 +6,9 @@
 // given, else its budget_model attribute, else its backend's: reference/budget_model.hpp); the
 // input-hash check (an output that records input hashes must have been computed from the case's
 // present inputs: check_input_hashes, backend_run.hpp); one reference per budget model; every
-// output read, its shape checked and judged (reference/moe_compare.hpp).
+// output read, its shape checked and judged (reference/moe_compare.hpp); an output that records
+// its ranks (/outputs/<name>/ranks) judged as a layer over ranks (reference/compare_sharded.hpp:
+// the layer, each rank, the reduction; quantized tier only).
 //
 // Errors are InputError on the case file: no such output, no output at all, an unknown budget
 // model name, changed inputs, an output of the wrong shape, a case the reference refuses.

@@ -5,13 +5,14 @@
 // Page: header (run facts, the ratio legend, the closing line), then one <section> per output:
 // verdict, charts (expert bars; scatter and heatmap side by side), routing table, token-local
 // failures, per-expert table (worst first; passing experts past the first 20 folded into a
-// <details>), familiar metrics. Every piece of text from the case or the command line goes
-// through esc().
+// <details>), familiar metrics, and for a layer over ranks its ranks and reduction. Every piece
+// of text from the case or the command line goes through esc().
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "reference/compare_sharded.hpp"
 #include "tools/report/report_html_parts.hpp"
 
 namespace moecheck::report::html {
@@ -209,6 +210,33 @@ std::string metrics_html(const CompareResult& r) {
   return s;
 }
 
+// A layer over ranks: a row per rank (against its shard's reference) and the reduction's line.
+std::string sharding_html(const CompareResult& r) {
+  if (!r.sharded) return "";
+  const ShardedVerdict& v = *r.sharded;
+  std::string s = fmt::format("<h3>Ranks ({})</h3><p>The checks above judge the whole layer. Each rank's partial output "
+                              "against its own shard's reference, and the output against the float32 all-reduce of "
+                              "the recorded partials (BUDGETS.md &sect;12): {}.</p>",
+                              esc(to_string(v.plan)), verdict(v.pass()));
+  s += "<table class='ranks'><tr><th>rank</th><th>max ratio</th><th>elements over</th><th>checks failed</th>"
+       "<th class='l'>failing experts</th><th>verdict</th></tr>";
+  for (size_t i = 0; i < v.ranks.size(); ++i) {
+    const CompareResult& x = v.ranks[i];
+    std::string failing;
+    for (const ExpertVerdict& e : x.experts)
+      if (!e.pass) failing += (failing.empty() ? "" : ", ") + std::to_string(e.expert);
+    s += fmt::format("<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{} of {}</td><td class='l'>{}</td><td>{}</td></tr>",
+                     x.pass ? "" : " class='failrow'", i, num(x.max_ratio), x.elements_over, x.checks_failed, x.checks,
+                     failing, verdict(x.pass));
+  }
+  s += fmt::format("</table><p>Reduction: {} element{} outside the float32 all-reduce of the ranks' partials",
+                   v.reduction_outside, v.reduction_outside == 1 ? "" : "s");
+  if (v.blamed_rank >= 0)
+    s += fmt::format("; the residual is rank {}'s partial &times; {:.3f} ({:.0f}% of its energy)", v.blamed_rank,
+                     v.blamed_beta, 100 * v.blamed_share);
+  return s + ": " + verdict(v.reduction_pass()) + ".</p>";
+}
+
 std::string output_html(const CompareResult& r, const OutputData* data, size_t index) {
   const std::string word = verdict_word(r);
   std::string s = fmt::format("<section class='output' id='output-{}'><h2><span class='badge {}'>{}</span> {}</h2>", index,
@@ -225,7 +253,8 @@ std::string output_html(const CompareResult& r, const OutputData* data, size_t i
   s += "<div class='charts'><figure><figcaption>Error against magnitude</figcaption>" + scatter_svg(r, data, index) +
        "</figure><figure><figcaption>Max ratio per token and hidden block</figcaption>" + heatmap_svg(r) +
        "</figure></div>";
-  s += routing_html(r) + token_failures_html(r) + token_scale_html(r) + experts_html(r) + metrics_html(r);
+  s += routing_html(r) + token_failures_html(r) + token_scale_html(r) + experts_html(r) + metrics_html(r) +
+       sharding_html(r);
   return s + "</section>";
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "reference/compare_sharded.hpp"
 #include "tools/report/report.hpp"
 
 namespace moecheck::report {
@@ -58,6 +59,33 @@ Json metrics_json(const FamiliarMetrics& m) {
                           {"vllm_assert_close", m.vllm_pass},
                           {"nmse", m.nmse_pass}};
   return j;
+}
+
+// A layer over ranks (reference/compare_sharded.hpp).
+Json sharding_json(const ShardedVerdict& v) {
+  Json ranks = Json::array();
+  for (size_t i = 0; i < v.ranks.size(); ++i) {
+    const CompareResult& x = v.ranks[i];
+    std::vector<int64_t> failing;
+    for (const ExpertVerdict& e : x.experts)
+      if (!e.pass) failing.push_back(e.expert);
+    ranks.push_back({{"rank", int64_t(i)},
+                     {"status", verdict_label(x)},
+                     {"max_ratio", real(x.max_ratio)},
+                     {"worst", x.worst_token >= 0 ? Json{{"token", x.worst_token}, {"col", x.worst_col}} : Json(nullptr)},
+                     {"elements_over", x.elements_over},
+                     {"checks", x.checks},
+                     {"checks_failed", x.checks_failed},
+                     {"failing_experts", failing}});
+  }
+  const bool blamed = v.blamed_rank >= 0;
+  Json reduction = {{"status", status(v.reduction_pass())},
+                    {"elements_outside", v.reduction_outside},
+                    {"blamed_rank", blamed ? Json(v.blamed_rank) : Json(nullptr)},
+                    {"beta", blamed ? real(v.blamed_beta) : Json(nullptr)},
+                    {"share", blamed ? real(v.blamed_share) : Json(nullptr)}};
+  return {{"shard", to_string(v.plan)}, {"status", status(v.pass())}, {"failing_ranks", v.failing_ranks()},
+          {"ranks", std::move(ranks)}, {"reduction", std::move(reduction)}};
 }
 
 Json output_json(const CompareResult& r) {
@@ -111,6 +139,7 @@ Json output_json(const CompareResult& r) {
                 {"z", real(r.aggregate_z)},
                 {"vacuous", r.power.vacuous}};
   o["metrics"] = metrics_json(r.metrics);
+  if (r.sharded) o["sharding"] = sharding_json(*r.sharded);  // absent for a one-device output
   return o;
 }
 

@@ -1,6 +1,6 @@
 // The terminal report of `moecheck compare` (report.hpp): a legend of what the ratio means, then
-// per output its verdict line, routing, per-expert table, token-local failures and the familiar
-// metrics, and the closing line "N of M checks exceeded their budget". Every line fits in
+// per output its verdict line, routing, per-expert table, token-local failures, the familiar
+// metrics and, for a layer over ranks, its ranks and reduction, and the closing line "N of M checks exceeded their budget". Every line fits in
 // kWidth columns (long names and paths are elided in the middle, long descriptions wrapped).
 #include <fmt/format.h>
 
@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "reference/compare_sharded.hpp"
 #include "tools/report/report.hpp"
 
 namespace moecheck::report {
@@ -184,6 +185,19 @@ void write_metrics(std::ostream& os, const CompareResult& r, const Style& st) {
     os << "    note: a familiar check fails although every check against the derived budget passes\n";
 }
 
+// A layer over ranks: each rank against its shard, the output against their reduction
+// (reference/compare_sharded.hpp; the checks above judge the whole layer).
+void write_sharding(std::ostream& os, const CompareResult& r, const Style& st) {
+  if (!r.sharded) return;
+  const ShardedVerdict& v = *r.sharded;
+  os << fmt::format("  sharding: {}, judged as one layer above; each rank against its shard, the output against "
+                    "their reduction: ",
+                    to_string(v.plan))
+     << st.verdict(v.pass(), "pass", "FAIL") << '\n';
+  std::istringstream lines(v.text());
+  for (std::string line; std::getline(lines, line);) os << "  " << line << '\n';
+}
+
 void write_output(std::ostream& os, const CompareResult& r, const TextOptions& opt, const Style& st) {
   const std::string name = elide(r.name, 100);
   const std::string bar = "== output " + name + " ";
@@ -204,6 +218,7 @@ void write_output(std::ostream& os, const CompareResult& r, const TextOptions& o
   write_token_failures(os, r, opt);
   write_token_scale(os, r, opt);
   write_metrics(os, r, st);
+  write_sharding(os, r, st);
   os << fmt::format("  {} of {} checks of this output failed\n", r.checks_failed, r.checks);
 }
 

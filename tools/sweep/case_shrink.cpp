@@ -102,6 +102,7 @@ CaseData keep_tokens(const CaseData& d, const std::vector<int64_t>& keep) {
     o.output.topk_ids = rows(d.output.topk_ids, k, keep);
     o.output.topk_weights = rows(d.output.topk_weights, k, keep);
     o.output.expert_outputs = rows(d.output.expert_outputs, k * H, keep);
+    for (size_t r = 0; r < d.output.ranks.size(); ++r) o.output.ranks[r] = rows(d.output.ranks[r], H, keep);
   }
   return o;
 }
@@ -220,7 +221,9 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   // The control: the correct backend must pass on every candidate kept.
   judge::CheckOptions control;
   if (backend_mode && !opt.no_control) {
-    control.backend = !opt.control.empty() ? opt.control : chk.backend.rfind("faulty:", 0) == 0 ? "emulated" : "";
+    const bool faulty = chk.backend.rfind("faulty:", 0) == 0 || chk.shard.faulty();
+    control.backend = !opt.control.empty() ? opt.control : faulty ? "emulated" : "";
+    control.shard = {chk.shard.plan, ShardFault::none, -1};  // the same ranks, none at fault
     control.int32_threshold = chk.int32_threshold;
     control.budget_model = chk.budget_model;
     control.allow_vacuous = chk.allow_vacuous;
@@ -360,13 +363,15 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
   const std::string from = opt.origin.empty() ? case_path : opt.origin;
   const std::string model_opt = chk.budget_model.empty() ? "" : " --budget-model " + chk.budget_model;
-  res.replay = backend_mode ? judge::replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model)
+  res.replay = backend_mode ? judge::replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model, chk.shard)
                             : fmt::format("moecheck compare {} --output {}{}", out_path, chk.output, model_opt);
   CaseData out = cur;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
       "moecheck shrink {} {}{}{} -o {}", case_path,
-      backend_mode ? "--backend " + judge::shell_quote(chk.backend) : "--output " + chk.output,
+      backend_mode ? "--backend " + judge::shell_quote(chk.backend) +
+                         judge::shard_arguments(chk.shard, judge::parse_backend_name(chk.backend).faulty())
+                   : "--output " + chk.output,
       chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", model_opt, out_path);
   out.header.source = cur.header.source.empty() ? shrink_cmd : cur.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
@@ -378,7 +383,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
     rec.attributes["replay"] = res.replay;
     if (chk.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk.int32_threshold);
     if (!chk.budget_model.empty()) rec.attributes["budget_model"] = chk.budget_model;
-    save(out, out_path, 6, judge::default_output_name(chk.backend), &rec);
+    save(out, out_path, 6, judge::sharded_output_name(chk.backend, chk.shard), &rec);
   } else {
     save(out, out_path, 6);
   }

@@ -17,8 +17,10 @@
 //   values      zero the hidden values of a token's 128-group (then quantized to exact zeros),
 //               group by group, where that still fails.
 // Then tokens and experts once more. When a recorded output is judged instead of a backend
-// (--output NAME) only tokens and unrouted experts can be removed (its rows are sliced along);
-// every other step would change what the recording should have been.
+// (--output NAME) only tokens and unrouted experts can be removed (its rows are sliced along,
+// its ranks' too); every other step would change what the recording should have been. A backend
+// run over ranks (CheckOptions::shard) keeps only candidates the split still fits (the others are
+// declined, not failures), and its control runs over the same ranks with none at fault.
 // The attempts are bounded (ShrinkOptions::max_attempts); progress goes to a callback.
 #pragma once
 

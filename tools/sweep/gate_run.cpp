@@ -35,6 +35,7 @@ std::string gate_command(const GateRequest& q, const std::string& backend, int64
   std::string s = fmt::format("moecheck gate --backend {} --seed {} --case {}", judge::shell_quote(backend), q.seed, index);
   if (!q.presets_csv.empty()) s += " --presets " + q.presets_csv;
   for (const std::string& r : q.recipes) s += " --recipe " + judge::shell_quote(r);
+  s += judge::shard_arguments(q.shard, judge::parse_backend_name(backend).faulty());
   if (q.int32_threshold > 0) s += fmt::format(" --int32-threshold {}", q.int32_threshold);
   if (judge::is_exec_backend(backend) && judge::exec_timeout_seconds() != 600)
     s += fmt::format(" --exec-timeout {}", judge::exec_timeout_seconds());
@@ -78,6 +79,7 @@ SweepCase make_sweep_case(const Run& run, int64_t i) {
   c.index = i;
   c.g = sweep_case(run.q.seed, i, run.q.presets);
   apply_recipes(c.g, run.q.recipes);
+  if (run.q.shard.plan) c.g.tp = 1, c.g.tp_rank = 0, c.g.ep = 1, c.g.ep_rank = 0;  // the whole layer, split by the run
   c.path = (fs::path(run.q.work_dir) / fmt::format("case-{}.h5", i)).string();
   c.make = make_case_command(c.g, c.path);
   c.features = sweep_features(c.g);
@@ -94,6 +96,7 @@ judge::CheckOptions check_options(const Run& run, const SweepCase& c) {
   chk.backend = run.q.backend;
   chk.expert_outputs = run.q.expert_outputs;
   chk.allow_vacuous = run.q.allow_vacuous;
+  chk.shard = run.q.shard;
   if (run.q.int32_threshold > 0) {
     chk.int32_threshold = run.q.int32_threshold;
   } else if (run.bn.base == "faulty:int32_overflow") {
@@ -143,10 +146,11 @@ void record_failure(Run& run, SweepCase& c, const judge::CheckOutcome& out, cons
   GateIssue fl;
   fl.what = fmt::format("sweep case {} ({} T={})", c.index, c.g.preset, c.g.tokens);
   fl.reason = out.reason, fl.make_case = c.make, fl.gate = gate_command(run.q, run.q.backend, c.index);
-  if (run.bn.faulty()) {
-    // Is it the fault's failure? The correct backend on the same case tells.
+  if (run.bn.faulty() || chk.shard.faulty()) {
+    // Is it the fault's failure? The correct backend on the same case (over the same ranks) tells.
     judge::CheckOptions ctl = chk;
     ctl.backend = run.bn.correct();
+    ctl.shard.fault = ShardFault::none, ctl.shard.fault_rank = -1;
     if (judge::check_case(c.path, ctl).status != judge::CheckStatus::pass) {
       fl.reason += " [emulated fails on this case too: not this fault's doing]";
       ++run.r.control_failed;

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "tools/judge/sharded_run.hpp"
 #include "tools/sweep/junit.hpp"
 
 namespace moecheck::sweep {
@@ -44,6 +45,11 @@ struct GateRequest {
   std::string shrink_dir;             // where shrunk cases go (exists)
   int64_t shrink = 1, max_failures = 0, int32_threshold = 0;
   bool expert_outputs = true, allow_vacuous = false, verbose = false;
+  // gate --tp N / --ep N: every sweep case is drawn as the whole layer (the sweep's own TP/EP
+  // draw dropped) and run over the ranks (judge/sharded_run.hpp); a case the split does not fit
+  // is declined (unsupported, with moe_sharding's rule), and a failure's control runs over the
+  // same ranks with none at fault.
+  judge::ShardRequest shard;
 };
 
 struct GateIssue {  // a failure, or a case that could not be judged or was declined
@@ -80,7 +86,7 @@ GateResult run_gate(const GateRequest& q, const GateEvents& ev);
 // judged, the verdict line).
 std::string gate_summary(const GateResult& r);
 
-// `moecheck gate --backend B --seed S --case i [--presets ...] [--recipe ...]`: replays one case.
+// `moecheck gate --backend B --seed S --case i [--presets ...] [--recipe ...] [--tp N ...]`: replays one case.
 std::string gate_command(const GateRequest& q, const std::string& backend, int64_t index);
 
 }  // namespace moecheck::sweep
