@@ -3,13 +3,14 @@
 correct and with each mutant of its MUTANTS, captured with tools/capture and judged by
 `moecheck compare` with the default model for an engine output (none named: `hopper`).
 
-usage: triton_moe_test.py --moecheck CMD [--tokens 64,16] [--seeds 1,2,3,4] [--out DIR] [--requant-test]
+usage: triton_moe_test.py --moecheck CMD [--tokens 64,16] [--seeds 1,2,3,4] [--out DIR] [--no-requant-test]
 
   CMD        the moecheck command (split like a shell line: ".gpu-bundle/run bin/moecheck")
   --tokens   T of each case (make-case --preset small-deepseek --recipe sglang --tokens T)
   --seeds    the make-case seeds
   --out      where the cases and JSON reports are kept (default: a temporary folder, removed)
-  --requant-test  also run compare's re-quantization test (BUDGETS.md §10.7); its beta is printed
+  --no-requant-test  judge without compare's re-quantization test (BUDGETS.md §10.7; on by
+             default, its beta is printed)
 
 Expected, per case: the correct output passes (not FAIL, not VACUOUS); every mutant that changes
 the output fails (w2_scale_doubled with its expert first in the report's experts); a mutant that
@@ -82,7 +83,7 @@ def load_layer(path, device):
 
 def judge(cmd, case, name, json_path, requant_test):
     rc, log = run(cmd, "compare", case, "--output", name, "--json", json_path, "-q",
-                  *(["--requant-test"] if requant_test else []))
+                  *([] if requant_test else ["--no-requant-test"]))
     if rc not in (0, 1):
         raise RuntimeError(f"moecheck compare {case} --output {name}: exit {rc}\n{log}")
     rep = json.loads(Path(json_path).read_text())["outputs"][0]
@@ -106,7 +107,7 @@ def summary(rep):
             f"{float(rep['metrics']['cos_diff']):9.2e}  " + ", ".join(failed))
 
 
-def check_case(cmd, T, seed, work, results, requant_test=False):
+def check_case(cmd, T, seed, work, results, requant_test=True):
     import torch
     import moecheck_capture as mc
     import fp8_moe
@@ -167,7 +168,7 @@ def main():
     ap.add_argument("--tokens", default="64,16")
     ap.add_argument("--seeds", default="1,2,3,4")
     ap.add_argument("--out")
-    ap.add_argument("--requant-test", action="store_true", help="also run compare's re-quantization test (reported)")
+    ap.add_argument("--no-requant-test", action="store_true", help="judge without compare's re-quantization test")
     a = ap.parse_args()
     reason = skip_reason()
     if reason:
@@ -182,7 +183,7 @@ def main():
     results, t0 = [], time.time()
     for T in tokens:
         for seed in seeds:
-            check_case(cmd, T, seed, work, results, a.requant_test)
+            check_case(cmd, T, seed, work, results, not a.no_requant_test)
             print(f"T={T} seed={seed}: judged ({time.time() - t0:.0f} s)", flush=True)
     bad = [r for r in results if not r[4]]
     triggered = {r[2] for r in results if r[3] != "not triggered"}
