@@ -50,7 +50,8 @@ void requant_test(const MoeProblem& p, const JudgedReference& J, const Observati
   out.se = std::sqrt(var) / signal;
   out.allow = (std::fabs(mean) + bound) / signal;
   out.detectable = out.allow + aggregate_z(p, R.experts.size(), opt) * out.se;
-  out.ok = !(std::fabs(out.beta) > out.detectable);
+  // Fails closed: a statistic that is not a number (a non-finite term) is no evidence of a pass.
+  out.ok = std::fabs(out.beta) <= out.detectable;
 }
 
 }  // namespace moecheck::compare

@@ -87,7 +87,7 @@ CompareResult compare_sharded(const MoeProblem& full, const ShardPlan& plan, For
                               const ShardedObservation& obs, const CompareOptions& opt) {
   check_sizes(full, plan, obs);
   ForwardOptions fo;
-  fo.tier = Tier::quantized, fo.budget = &opt.model;
+  fo.tier = Tier::quantized, fo.budget = &opt.model, fo.requant_terms = opt.requant_test;
   const ShardedReference ref = sharded_reference(full, plan, std::move(whole), fo);
   // Layer: near-tie tokens re-run through the sharded reference, so their budget holds the ranks' too.
   CompareOptions lopt = opt;
@@ -102,7 +102,7 @@ CompareResult compare_sharded(const MoeProblem& full, const ShardPlan& plan, For
   auto v = std::make_shared<ShardedVerdict>();
   v->plan = plan;
   CompareOptions ropt = opt;
-  ropt.allow_vacuous = true, ropt.requant_test = false;
+  ropt.allow_vacuous = true;
   for (int64_t r = 0; r < plan.ranks; ++r) {
     v->ranks.push_back(compare_output(shard_problem(full, plan, r), ref.ranks[size_t(r)], obs.ranks[size_t(r)], ropt));
     v->ranks.back().name = fmt::format("rank {}", r);

@@ -26,7 +26,7 @@ ShardedReference sharded_reference(const MoeProblem& full, const ShardPlan& plan
   ShardedReference s;
   s.plan = plan;
   ForwardOptions ro = fo;
-  ro.requant_terms = false, ro.ideal_bound = false, ro.progress = {};
+  ro.ideal_bound = false, ro.progress = {};
   std::vector<double> sum_ref(n, 0.0), sum_budget(n, 0.0), mag(n, 0.0), var(n, 0.0);
   for (int64_t r = 0; r < plan.ranks; ++r) {
     s.ranks.push_back(moe_forward(shard_problem(full, plan, r), ro));

@@ -154,6 +154,29 @@ TEST(ShardedCli, EachShardingFaultFailsWithItsRankNamed) {
   }
 }
 
+// A re-quantization skipped on one expert-parallel rank of four is diluted over the layer (its
+// beta there was -0.65 against a threshold of 0.66 on this case): each rank runs the
+// re-quantization test on its own shard (BUDGETS.md §12), which names the rank.
+TEST(ShardedCli, ASkippedRequantizationOnOneRankIsNamed) {
+  test::TempDir dir("sharded-requant");
+  const std::string c = dir.file("c.h5"), json = dir.file("r.json");
+  ASSERT_EQ(moecheck({"make-case", "--preset", "small-deepseek", "--recipe", "sglang", "--tokens", "16", "--seed", "2",
+                      "-q", "-o", c})
+                .exit_code,
+            0);
+  ASSERT_EQ(moecheck({"run", c, "--backend", "emulated@hopper", "--ep", "4", "--name", "ok"}).exit_code, 0);
+  ASSERT_EQ(moecheck({"run", c, "--backend", "faulty:no_requant@hopper", "--ep", "4", "--fault-rank", "2", "--name",
+                      "skipped"})
+                .exit_code,
+            0);
+  EXPECT_EQ(moecheck({"compare", c, "--output", "ok", "-q"}).exit_code, 0);
+  const auto r = moecheck({"compare", c, "--output", "skipped", "-q", "--json", json});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  std::ifstream in(json);
+  const nlohmann::json s = nlohmann::json::parse(in)["outputs"][0]["sharding"];
+  EXPECT_EQ(s["failing_ranks"].get<std::vector<int>>(), std::vector<int>{2}) << s.dump();
+}
+
 // The case file holds the reduced output and every rank's partial; the recorded output is the
 // contract's reduction of the recorded partials; a case without ranks reads as before.
 TEST(ShardedCli, TheCaseFileRoundTrips) {

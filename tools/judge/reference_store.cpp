@@ -2,6 +2,7 @@
 #include "tools/judge/reference_store.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <fmt/format.h>
 #include <iostream>
 #include <unistd.h>
@@ -89,8 +90,17 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
   if (auto stored = cp.reader().read_reference("quantized")) {
     const auto it = stored->attributes.find("budget_model");
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
-    const bool has_requant =
+    // The re-quantization terms are reused only when whole and sane (finite; the variance and the
+    // mean's bound >= 0), else computed again: a damaged store changes no judgement.
+    bool has_requant =
         stored->requant_direction.size() == size_t(T * H) && stored->requant_terms.size() == size_t(T * 4);
+    for (size_t i = 0; has_requant && i < stored->requant_direction.size(); ++i)
+      has_requant = std::isfinite(stored->requant_direction[i]);
+    for (int64_t t = 0; has_requant && t < T; ++t) {
+      const double* q = &stored->requant_terms[size_t(t * 4)];
+      has_requant = std::isfinite(q[0]) && std::isfinite(q[2]) && q[1] >= 0 && q[1] < INFINITY && q[3] >= 0 &&
+                    q[3] < INFINITY;
+    }
     if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&

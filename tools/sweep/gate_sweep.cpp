@@ -8,6 +8,7 @@
 #include "golden/engine_recipes.hpp"
 #include "golden/model_presets.hpp"
 #include "reference/counter_rng.hpp"
+#include "reference/moe_sharding.hpp"
 
 namespace moecheck::sweep {
 
@@ -51,14 +52,13 @@ GeneratorOptions sweep_case(uint64_t seed, int64_t index, const std::vector<std:
   o.gate_up_layout = chance(9, 1, 2) ? GateUpLayout::up_gate : GateUpLayout::gate_up;
   o.hidden_dtype = chance(10, 1, 8) ? Precision::f32 : Precision::bf16;
   if (p->routing_bias && chance(11, 1, 8)) o.bias_dtype = Precision::bf16;
-  const int64_t B = c.weight_block, I = c.intermediate_size;
-  if (chance(12, 1, 4) && I % 2 == 0 && (I / 2) % B == 0) {
+  if (chance(12, 1, 4) && shard_split_rule(c, {ShardKind::tp, 2}).empty()) {
     o.tp = 2;
     o.tp_rank = pick(13, 2);
   }
   if (chance(14, 1, 3)) {
     const int64_t n = chance(15, 1, 2) ? 2 : 4;
-    if (c.num_experts % n == 0) {
+    if (shard_split_rule(c, {ShardKind::ep, n}).empty()) {
       o.ep = n;
       o.ep_rank = pick(16, uint64_t(n));
     }
