@@ -101,11 +101,15 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       has_requant = std::isfinite(q[0]) && std::isfinite(q[2]) && q[1] >= 0 && q[1] < INFINITY && q[3] >= 0 &&
                     q[3] < INFINITY;
     }
-    if (stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
+    const bool matches =
+        stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
-        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H) &&
-        (has_requant || !requant_terms)) {
+        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H);
+    if (matches && requant_terms && !has_requant && progress)
+      std::cerr << "moecheck: the stored /reference/quantized has no usable re-quantization terms (written by an "
+                   "older moecheck, or damaged): computing the reference; `moecheck reference` stores them\n";
+    if (matches && (has_requant || !requant_terms)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
