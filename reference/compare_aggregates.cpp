@@ -48,7 +48,7 @@ void accumulate_slots(const MoeProblem& p, const JudgedReference& J, const Obser
       for (int64_t h = 0; h < H; ++h) {
         const double yo = X.slots[s * H + h], yr = J.slot_output[s * H + h];
         // Slot outputs stored as bf16 when the recipe keeps them in float32: one more rounding.
-        const double ulp = obs.expert_outputs_bf16 ? std::max(bf16_ulp(yr), 0x1p-133) : 0.0;
+        const double ulp = obs.expert_outputs_bf16 ? bf16_rounding_unit(yr) : 0.0;
         const double var = J.slot_noise_var[s * H + h] + ulp * ulp / 12, d = yo - yr;
         const double b2 = std::pow(J.slot_budget[s * H + h] + ulp / 2, 2);
         S.z_sq[x] += yr * yr;

@@ -191,7 +191,7 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   J.center.resize(J.output.size());
   for (size_t i = 0; i < J.output.size(); ++i) {
     J.center[i] = bf16_of_f32(J.output[i]);
-    const double ulp = std::max(bf16_ulp(J.center[i]), 0x1p-133);
+    const double ulp = bf16_rounding_unit(J.center[i]);
     J.noise_var[i] = std::max(J.noise_var[i], ulp * ulp / 12);
   }
   std::sort(R.ambiguous.begin(), R.ambiguous.end());

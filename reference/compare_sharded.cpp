@@ -60,9 +60,7 @@ void judge_reduction(const ShardedObservation& obs, ShardedVerdict& v) {
 
 // Ids of the experts that fail in r, "3, 5" ("" when none), the first eight.
 std::string failing_experts(const CompareResult& r) {
-  std::vector<int64_t> ids;
-  for (const ExpertVerdict& e : r.experts)
-    if (!e.pass) ids.push_back(e.expert);
+  const std::vector<int64_t> ids = failing_expert_ids(r);
   std::string s;
   for (size_t i = 0; i < ids.size() && i < 8; ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
   if (ids.size() > 8) s += fmt::format(", ... ({} in all)", ids.size());

@@ -39,4 +39,11 @@ const char* verdict_label(const CompareResult& r) {
   if (r.checks_failed > 0) return "fail";
   return r.power.vacuous ? "vacuous" : r.pass ? "pass" : "fail";
 }
+
+std::vector<int64_t> failing_expert_ids(const CompareResult& r) {
+  std::vector<int64_t> ids;
+  for (const ExpertVerdict& e : r.experts)
+    if (!e.pass) ids.push_back(e.expert);
+  return ids;
+}
 }  // namespace moecheck

@@ -105,4 +105,8 @@ double output_budget_bf16(double o, double e);
 // Spacing of bf16 values at |x| (0 for x = 0): 2^(floor(log2|x|) - 7), at least the subnormal step.
 double bf16_ulp(double x);
 
+// The unit of a fresh bf16 rounding of a value near x: bf16_ulp(x), and bf16's subnormal step
+// 2^-133 at x = 0 (where a rounding residual is still up to half that step, BUDGETS.md §10.3).
+inline double bf16_rounding_unit(double x) { return bf16_ulp(x) > 0x1p-133 ? bf16_ulp(x) : 0x1p-133; }
+
 }  // namespace moecheck

@@ -152,6 +152,9 @@ CompareResult compare_output(const MoeProblem& p, const ForwardResult& ref, cons
 // "fail" when a check failed, else "vacuous" when the output is vacuous, else "pass".
 const char* verdict_label(const CompareResult& r);
 
+// Ids of the experts that fail in r, worst first (the order of r.experts).
+std::vector<int64_t> failing_expert_ids(const CompareResult& r);
+
 FamiliarMetrics familiar_metrics(const std::vector<double>& ref, const std::vector<float>& obs);
 
 }  // namespace moecheck

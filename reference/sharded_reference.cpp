@@ -14,7 +14,7 @@ namespace {
 
 // The bf16 spacing at the centre a correct device's value is judged from (bf16_of_f32 of the
 // reference), at least bf16's subnormal step: the unit of every rounding residual below.
-double centre_ulp(double o) { return std::max(bf16_ulp(bf16_of_f32(o)), 0x1p-133); }
+double centre_ulp(double o) { return bf16_rounding_unit(bf16_of_f32(o)); }
 
 }  // namespace
 

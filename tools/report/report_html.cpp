@@ -223,8 +223,7 @@ std::string sharding_html(const CompareResult& r) {
   for (size_t i = 0; i < v.ranks.size(); ++i) {
     const CompareResult& x = v.ranks[i];
     std::string failing;
-    for (const ExpertVerdict& e : x.experts)
-      if (!e.pass) failing += (failing.empty() ? "" : ", ") + std::to_string(e.expert);
+    for (const int64_t e : failing_expert_ids(x)) failing += (failing.empty() ? "" : ", ") + std::to_string(e);
     s += fmt::format("<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{} of {}</td><td class='l'>{}</td><td>{}</td></tr>",
                      x.pass ? "" : " class='failrow'", i, num(x.max_ratio), x.elements_over, x.checks_failed, x.checks,
                      failing, verdict(x.pass));

@@ -66,9 +66,6 @@ Json sharding_json(const ShardedVerdict& v) {
   Json ranks = Json::array();
   for (size_t i = 0; i < v.ranks.size(); ++i) {
     const CompareResult& x = v.ranks[i];
-    std::vector<int64_t> failing;
-    for (const ExpertVerdict& e : x.experts)
-      if (!e.pass) failing.push_back(e.expert);
     ranks.push_back({{"rank", int64_t(i)},
                      {"status", verdict_label(x)},
                      {"max_ratio", real(x.max_ratio)},
@@ -76,7 +73,7 @@ Json sharding_json(const ShardedVerdict& v) {
                      {"elements_over", x.elements_over},
                      {"checks", x.checks},
                      {"checks_failed", x.checks_failed},
-                     {"failing_experts", failing}});
+                     {"failing_experts", failing_expert_ids(x)}});
   }
   const bool blamed = v.blamed_rank >= 0;
   Json reduction = {{"status", status(v.reduction_pass())},
