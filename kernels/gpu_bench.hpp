@@ -10,7 +10,9 @@
 // timed run the L2 is flushed by writing a buffer larger than it, and the run's inputs (hidden
 // states, router logits) rotate among input_sets distinct sets, so neither the cache nor a
 // repeated routing flatters the figures. Reported: medians (and the 10th / 90th percentiles of
-// the total) over the timed runs.
+// the total) over the timed runs. Each timed run is done twice, after its own L2 flush: launched
+// kernel by kernel with a CUDA event between stages (the per-stage figures), and replayed as a
+// CUDA graph without the events (the total an engine's decode step sees).
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,11 @@ struct GpuBenchRow {
   int64_t slots = 0;            // (token, slot) pairs routed to local experts, mean over the input sets
   double experts_hit = 0;       // distinct local experts with >= 1 slot, mean over the input sets
   int iters = 0;
-  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;  // the pass launched kernel by kernel, stage marks between
+  // The same pass replayed as one CUDA graph (captured once per input set after the warm-up,
+  // no stage marks): the launch overhead engines see in decode, where they replay graphs.
+  double graph_median_ms = 0, graph_p10_ms = 0, graph_p90_ms = 0;
+  std::string graph_failed;     // why the pass could not be captured ("" when it was)
   std::vector<StageTiming> stages;  // in run order
   double flops = 0;             // 2 * slots * (2I*H + H*I): the useful GEMM work (padding rows excluded)
   double min_bytes = 0;         // weights + scales of the experts hit, plus the layer's inputs and output once

@@ -1,6 +1,7 @@
 // `moecheck bench --backend cuda[,cublaslt] [--preset P] [--tokens 1,8,64,512,4096] [--tp N]`:
 // prints the GPU backends' timing (kernels/gpu_bench.hpp: CUDA events after warm-up, medians,
-// L2 flushed, inputs rotated) per batch size, total and per stage, beside the device's limits,
+// L2 flushed, inputs rotated) per batch size, total (launched kernel by kernel, and replayed as
+// a CUDA graph) and per stage, beside the device's limits,
 // and keeps the figures as a JSON file. With several backends, each is run in turn on the same
 // synthetic layer, and a last table puts them side by side with the memory floor.
 //
@@ -46,6 +47,9 @@ Datasheet datasheet_for(const std::string& device) {
 }
 
 double floor_ms(const kernels::GpuBenchRow& row, double copy_gbs) { return row.min_bytes / (copy_gbs * 1e9) * 1e3; }
+std::string graph_cell(const kernels::GpuBenchRow& row) {
+  return row.graph_failed.empty() ? fmt::format("{:.4f}", row.graph_median_ms) : "-";
+}
 
 // One backend's section of the text and its JSON object.
 std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBenchOptions& o, const std::string& layer,
@@ -66,18 +70,22 @@ std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBen
                    "(activation quantization timed)",
                    o.warmup, o.min_iters, o.min_seconds, r.l2_bytes >> 20, o.input_sets));
   line("");
-  line(fmt::format("{:>6} {:>7} {:>8} {:>10} {:>17} {:>9} {:>8} {:>7} {:>8} {:>7}  {}", "tokens", "slots", "experts",
-                   "median ms", "p10-p90 ms", "floor ms", "TFLOP/s", ds.fp8_tflops > 0 ? "%peak" : "", "GB/s",
-                   "%copy", "output"));
+  line(fmt::format("{:>6} {:>7} {:>8} {:>10} {:>17} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7}  {}", "tokens", "slots",
+                   "experts", "median ms", "p10-p90 ms", "graph ms", "floor ms", "TFLOP/s",
+                   ds.fp8_tflops > 0 ? "%peak" : "", "GB/s", "%copy", "output"));
   for (const auto& row : r.rows) {
     const double tf = row.flops / (row.median_ms * 1e-3) / 1e12;
     const double gbs = row.min_bytes / (row.median_ms * 1e-3) / 1e9;
-    line(fmt::format("{:>6} {:>7} {:>8.1f} {:>10.4f} {:>8.4f}-{:<8.4f} {:>9.4f} {:>8.1f} {:>7} {:>8.0f} {:>6.1f}%  {}",
+    line(fmt::format("{:>6} {:>7} {:>8.1f} {:>10.4f} {:>8.4f}-{:<8.4f} {:>9} {:>9.4f} {:>8.1f} {:>7} {:>8.0f} {:>6.1f}%  {}",
                      row.tokens, row.slots, row.experts_hit, row.median_ms, row.p10_ms, row.p90_ms,
-                     floor_ms(row, r.hbm_copy_gbs), tf,
+                     graph_cell(row), floor_ms(row, r.hbm_copy_gbs), tf,
                      ds.fp8_tflops > 0 ? fmt::format("{:.1f}%", 100 * tf / ds.fp8_tflops) : "", gbs,
                      100 * gbs / r.hbm_copy_gbs, row.output_ok ? "ok" : "BAD: " + row.output_check));
   }
+  for (const auto& row : r.rows)
+    if (!row.graph_failed.empty()) line(fmt::format("T={}: not captured as a CUDA graph: {}", row.tokens, row.graph_failed));
+  line("(median ms and TFLOP/s, GB/s: launched kernel by kernel with a CUDA event between stages; graph ms: the same "
+       "pass replayed as one CUDA graph, as engines replay decode steps)");
   line("");
   line("per-stage medians (ms; each stage from the previous stage's mark, so launch gaps count to the stage after them):");
   if (!r.rows.empty()) {
@@ -100,7 +108,9 @@ std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBen
   for (const auto& row : r.rows) {
     nlohmann::json jr{{"tokens", row.tokens}, {"slots", row.slots}, {"experts_hit", row.experts_hit},
                       {"iters", row.iters}, {"median_ms", row.median_ms}, {"p10_ms", row.p10_ms},
-                      {"p90_ms", row.p90_ms}, {"floor_ms", floor_ms(row, r.hbm_copy_gbs)}, {"flops", row.flops},
+                      {"p90_ms", row.p90_ms}, {"graph_median_ms", row.graph_median_ms},
+                      {"graph_p10_ms", row.graph_p10_ms}, {"graph_p90_ms", row.graph_p90_ms},
+                      {"graph_failed", row.graph_failed}, {"floor_ms", floor_ms(row, r.hbm_copy_gbs)}, {"flops", row.flops},
                       {"min_bytes", row.min_bytes}, {"tflops", row.flops / (row.median_ms * 1e-3) / 1e12},
                       {"gbs", row.min_bytes / (row.median_ms * 1e-3) / 1e9}, {"output_ok", row.output_ok},
                       {"output_check", row.output_check}, {"algorithms", row.algorithms}};
@@ -118,13 +128,18 @@ std::string side_by_side(const std::vector<kernels::GpuBenchResult>& runs) {
   line(fmt::format("side by side (ms, median; floor = the experts' weights and the layer's I/O at {:.0f} GB/s, "
                    "the copy rate of the first run):", copy));
   std::string head = fmt::format("{:>6} {:>9}", "tokens", "floor");
-  for (const auto& r : runs) head += fmt::format(" {:>10} {:>7}", r.backend, "x floor");
+  for (const auto& r : runs)
+    head += fmt::format(" {:>10} {:>7} {:>10} {:>7}", r.backend, "x floor", r.backend + " graph", "x floor");
   line(head);
   for (size_t i = 0; i < runs.front().rows.size(); ++i) {
     const auto& base = runs.front().rows[i];
     const double f = floor_ms(base, copy);
     std::string l = fmt::format("{:>6} {:>9.4f}", base.tokens, f);
-    for (const auto& r : runs) l += fmt::format(" {:>10.4f} {:>7.2f}", r.rows[i].median_ms, r.rows[i].median_ms / f);
+    for (const auto& r : runs) {
+      const auto& row = r.rows[i];
+      l += fmt::format(" {:>10.4f} {:>7.2f} {:>10} {:>7}", row.median_ms, row.median_ms / f, graph_cell(row),
+                       row.graph_failed.empty() ? fmt::format("{:.2f}", row.graph_median_ms / f) : "-");
+    }
     line(l);
   }
   line("");
