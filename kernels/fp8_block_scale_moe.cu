@@ -79,12 +79,6 @@ MoeBuffers carve(const Shape& s, char* base, size_t* total) {
   b.a2_codes = reinterpret_cast<uint8_t*>(take(rows * I));
   b.a2_scales = reinterpret_cast<float*>(take(rows * (I / 128) * 4));
   b.gemm2_out = reinterpret_cast<float*>(take(rows * H * 4));
-  // A batch of one token has the fewest tiles: if that does not split, no batch does.
-  const int64_t fewest = permute_capacity(1, s.top_k, s.local_experts).max_tiles;
-  if (grouped_gemm_k_splits(fewest, 2 * s.inter, s.hidden) > 1 || grouped_gemm_k_splits(fewest, s.hidden, s.inter) > 1) {
-    b.split_partials = reinterpret_cast<float*>(take(grouped_gemm_split_floats() * 4));
-    b.split_counters = reinterpret_cast<uint32_t*>(take(static_cast<size_t>(kGemmSplitCtas) * 4));
-  }
   *total = (off + 255) / 256 * 256;
   return b;
 }
@@ -135,8 +129,6 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   g1.experts = E_local;
   g1.out_precision = c.intermediate_dtype;
   g1.d = b.gemm1_out;
-  g1.split_partials = b.split_partials;  // split-K when the batch leaves the grid small
-  g1.split_counters = b.split_counters;
   launch_sm90_fp8_grouped_gemm(g1, stream);
   ws.mark("gemm1", stream);
 

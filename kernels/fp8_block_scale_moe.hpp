@@ -73,10 +73,6 @@ struct MoeBuffers {
   uint8_t* a2_codes = nullptr;       // [max_rows, I]      re-quantized SiLU(gate) * up
   float* a2_scales = nullptr;        // [max_rows, I/128]
   float* gemm2_out = nullptr;        // [max_rows, H]      float32 slot outputs
-  // The grouped GEMMs' split-K scratch (moe_stages.hpp), only for shapes whose small batches
-  // split (nullptr otherwise).
-  float* split_partials = nullptr;
-  uint32_t* split_counters = nullptr;
 };
 
 // Called by a run after it has enqueued each stage on the stream, with the stage's name

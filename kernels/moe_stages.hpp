@@ -80,8 +80,7 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
                         uint8_t* a_codes, float* a_scales, cudaStream_t stream);
 
 // ---- Grouped GEMM, FP8 x FP8, 1x128 x 128x128 scales (sm90_fp8_grouped_gemm_1d2d.cu) ------
-// D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b (one FFMA per
-// block, or per range of blocks with split-K below), with p_b
+// D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
 // the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
 // e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
 // skipped (their D rows are not written). With row_offset and expert_count (the permutation
@@ -98,16 +97,7 @@ struct GroupedGemmArgs {
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   Precision out_precision = Precision::f32;
   float* d = nullptr;                // [max_tiles * kGemmTileM, N]
-  // Optional split-K scratch (both or neither): with it, a grid of fewer than kGemmSplitCtas / 2
-  // CTAs is split along K into grouped_gemm_k_splits(max_tiles, N, K) ranges of blocks, each
-  // promoted from zero, and D = fl32 sum of the ranges' results in range order, then rounded to
-  // out_precision (the split-K of cuBLASLt's block-scaled GEMM; DEVICE-ALGORITHM.md §3).
-  float* split_partials = nullptr;     // grouped_gemm_split_floats() floats
-  uint32_t* split_counters = nullptr;  // kGemmSplitCtas counters (cleared by the launch)
 };
-inline constexpr int64_t kGemmSplitCtas = 256;  // split-K fills the grid up to about this many CTAs
-int64_t grouped_gemm_k_splits(int64_t max_tiles, int64_t n, int64_t k);  // 1: no split
-size_t grouped_gemm_split_floats();
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);
 
 // ---- SiLU * up and re-quantization (silu_mul_quant.cu) -------------------------------------

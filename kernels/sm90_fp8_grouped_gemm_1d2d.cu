@@ -30,20 +30,11 @@
 //    while its few activation tiles stay in L2. Without the plan, N tiles run fastest.
 //  - Padding rows (zero codes, scale 1) compute exact zeros; rows never mix (each output element
 //    reads one activation row), so nothing can leak between rows or experts.
-//  - Split-K (grouped_gemm_k_splits): when the grid has few CTAs (a decode step of a TP shard:
-//    8 experts x 4 N tiles), S CTAs share each (M tile, N tile), CTA s promoting the K blocks
-//    [s kb / S, (s + 1) kb / S) from zero as above. Each stores its fragment to split_partials
-//    and counts itself in split_counters[tile]; the last to arrive adds the S partial sums in
-//    split order, fl32(fl32(P_0 + P_1) + ...), whatever the order of arrival (so the result is
-//    deterministic), and runs the epilogue. The host clears the counters before each split launch
-//    (the kernel also leaves them at zero). The sums
-//    are those of cuBLASLt's split-K (DEVICE-ALGORITHM.md §3).
 //  - Shared-memory layout and fragments: sm90_wgmma.cuh.
 #include <cuda_runtime.h>
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <string>
 
 #include "kernels/cuda_check.hpp"
@@ -65,9 +56,6 @@ constexpr int kStages = 4;
 constexpr int kWeightBytes = kTileCols * kBlockK;  // 16 KiB
 constexpr int kActBytes = kTileRows * kBlockK;     // 8 KiB
 constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
-constexpr int kMaxFrag = kTileRows / 2;  // f32 accumulators per thread at the widest tile
-constexpr int kMinSplitBlocks = 4;     // K blocks per split at least (the pipeline's depth + 1)
-constexpr int kMaxSplits = 8;
 constexpr int kEpiStride = kTileCols + 4;  // floats per staged output row: conflict-free fragment stores
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the first atom to 1024
 static_assert(kTileCols == 128 && kBlockK == 128, "one weight-scale block per CTA column tile and K block");
@@ -86,9 +74,6 @@ struct GemmParams {
   int64_t n, k;
   float* d;
   bool bf16_out;
-  int k_splits;           // 1: no split-K
-  float* split_partials;  // [ctas * k_splits * kThreads * kMaxFrag] with k_splits > 1
-  uint32_t* split_counters;  // [ctas], zero between launches
 };
 
 // Rows of tile `tile` (of expert e) that hold routed slots; the rest are padding.
@@ -134,48 +119,10 @@ __device__ __forceinline__ void load_stage(uint8_t* st, const uint8_t* g_w, cons
   if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
 }
 
-// Split-K: this CTA's partial sum into split_partials; true for the last of the tile's CTAs to
-// arrive, whose acc then holds the S partials added in split order.
-template <int kFrag>
-__device__ bool merge_splits(const GemmParams& p, int64_t cta, int split, float (&acc)[kFrag]) {
-  __shared__ uint32_t last;
-  const int tid = threadIdx.x;
-  const int64_t S = p.k_splits;
-  float* mine = p.split_partials + ((cta * S + split) * kThreads + tid) * kMaxFrag;
-#pragma unroll
-  for (int i = 0; i < kFrag; i += 4) *reinterpret_cast<float4*>(mine + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-  __threadfence();  // the partial is visible device-wide before this CTA is counted
-  __syncthreads();
-  if (tid == 0) {
-    last = atomicAdd(p.split_counters + cta, 1u) == static_cast<uint32_t>(S - 1);
-    if (last) p.split_counters[cta] = 0;  // every split has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-  const float* base = p.split_partials + (cta * S * kThreads + tid) * kMaxFrag;
-#pragma unroll
-  for (int i = 0; i < kFrag; i += 4) {
-    float4 sum = split == 0 ? make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3])
-                            : __ldcg(reinterpret_cast<const float4*>(base + i));
-    for (int64_t s = 1; s < S; ++s) {
-      const float4 v = s == split ? make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3])
-                                  : __ldcg(reinterpret_cast<const float4*>(base + s * kThreads * kMaxFrag + i));
-      sum = make_float4(__fadd_rn(sum.x, v.x), __fadd_rn(sum.y, v.y), __fadd_rn(sum.z, v.z), __fadd_rn(sum.w, v.w));
-    }
-    acc[i] = sum.x, acc[i + 1] = sum.y, acc[i + 2] = sum.z, acc[i + 3] = sum.w;
-  }
-  return true;
-}
-
 template <int kRows>
-__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert,
-                          int64_t cta, int split) {
+__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert) {
   constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
-  static_assert(kFrag % 4 == 0 && kFrag <= kMaxFrag, "fragments move as float4");
   const int64_t k_blocks = p.k / kBlockK;
-  // This CTA's K blocks [kb0, kb1): all of them unless the tile is split.
-  const int64_t kb0 = split * k_blocks / p.k_splits, kb1 = (split + 1) * k_blocks / p.k_splits, nb = kb1 - kb0;
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
   const int g = lane >> 2, t = lane & 3;
 
@@ -191,21 +138,19 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
   // Prologue: the first kStages - 1 blocks in flight (one commit group per block, empty past the end).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nb) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, kb0 + s, tid);
+    if (s < k_blocks) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
     cp_async_commit();
   }
 
-  for (int64_t i = 0; i < nb; ++i) {
-    const int64_t kb = kb0 + i;
-    uint8_t* st = smem + (i % kStages) * kStageBytes;
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    uint8_t* st = smem + (kb % kStages) * kStageBytes;
     const float sb = __ldg(g_sb + kb);
     cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
     fence_async_shared();
     __syncthreads();  // everyone's have, and block kb - 1's stage is free (its wgmma completed)
 
-    const int64_t next = i + kStages - 1;
-    if (next < nb)
-      load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, kb0 + next, tid);
+    const int64_t next = kb + kStages - 1;
+    if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
     cp_async_commit();
 
     // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
@@ -230,7 +175,6 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
   }
   cp_async_wait<0>();
   __syncthreads();  // every stage consumed: the epilogue reuses shared memory
-  if (p.k_splits > 1 && !merge_splits<kFrag>(p, cta, split, acc)) return;
 
   // Epilogue: the fragment into a [rows][128] float tile, rounded to the output precision.
   float* tile = reinterpret_cast<float*>(smem);
@@ -258,17 +202,15 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  const int64_t cta = blockIdx.x / p.k_splits;
-  const int split = static_cast<int>(blockIdx.x % p.k_splits);
-  const CtaTile c = cta_tile(p, cta, n_tiles);
-  if (c.expert < 0) return;  // past the last tile of this routing (every split of it)
+  const CtaTile c = cta_tile(p, blockIdx.x, n_tiles);
+  if (c.expert < 0) return;  // past the last tile of this routing
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
   const int rows = tile_rows(p, c.tile, expert);
-  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert, cta, split);
-  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert, cta, split);
-  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert, cta, split);
-  else gemm_tile<64>(p, smem, row0, n_tile, expert, cta, split);
+  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert);
+  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert);
+  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert);
+  else gemm_tile<64>(p, smem, row0, n_tile, expert);
 #else
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only
@@ -276,14 +218,6 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
 }
 
 }  // namespace
-
-int64_t grouped_gemm_k_splits(int64_t max_tiles, int64_t n, int64_t k) {
-  const int64_t ctas = max_tiles * (n / kTileCols), k_blocks = k / kBlockK;
-  if (ctas <= 0 || ctas >= kGemmSplitCtas / 2) return 1;
-  return std::max<int64_t>(1, std::min<int64_t>({kMaxSplits, kGemmSplitCtas / ctas, k_blocks / kMinSplitBlocks}));
-}
-
-size_t grouped_gemm_split_floats() { return static_cast<size_t>(kGemmSplitCtas) * kThreads * kMaxFrag; }
 
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream) {
   const char* who = "sm90_fp8_grouped_gemm";
@@ -305,26 +239,10 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
     return true;
   }();
   (void)smem_raised;
-  require((g.split_partials == nullptr) == (g.split_counters == nullptr), who,
-          "split_partials and split_counters come together (or neither)");
+  GemmParams p{g.a,         g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count,
+               g.n,         g.k,       g.d, g.out_precision == Precision::bf16};
   const int64_t n_tiles = g.n / kTileCols;
-  const int64_t splits = g.split_partials != nullptr ? grouped_gemm_k_splits(g.max_tiles, g.n, g.k) : 1;
-  if (splits > 1) {
-    require_ptr(g.split_partials, who, "split_partials", 16);
-    require_ptr(g.split_counters, who, "split_counters", 4);
-    require(g.max_tiles * n_tiles * splits <= kGemmSplitCtas, who, "split-K grid exceeds the split scratch");
-    // The kernel leaves its counters at zero, but a workspace may have been overwritten since
-    // (a poisoned or reused buffer): counters that do not start at zero would let no CTA see itself
-    // last and leave D unwritten, so they are cleared before every split launch (<= 512 bytes).
-    MOECHECK_CUDA_CHECK(cudaMemsetAsync(g.split_counters, 0, sizeof(uint32_t) * g.max_tiles * n_tiles, stream));
-  }
-  GemmParams p{g.a,   g.a_scale, g.b,
-               g.b_scale, g.tile_expert, g.row_offset,
-               g.expert_count, g.n, g.k,
-               g.d,   g.out_precision == Precision::bf16, static_cast<int>(splits),
-               g.split_partials, g.split_counters};
-  sm90_fp8_grouped_gemm_1d2d_kernel<<<grid_x(g.max_tiles * n_tiles * splits, who), kThreads, kSmemBytes, stream>>>(
-      p, n_tiles);
+  sm90_fp8_grouped_gemm_1d2d_kernel<<<grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream>>>(p, n_tiles);
   MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_kernel");
 }
 

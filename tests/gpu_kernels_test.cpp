@@ -7,7 +7,6 @@
 // Every device output is poisoned with 0xFF bytes before the run, and every element checked.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -274,15 +273,11 @@ struct GemmProblem {
   int64_t rows() const { return static_cast<int64_t>(tile_expert.size()) * kernels::kGemmTileM; }
 };
 
-// launches: with split-K scratch (poisoned, as a reused workspace may be), the same GEMM launched
-// this many times (every launch must give the same bits); the last result.
-std::vector<float> run_gemm(const GemmProblem& p, Precision out, int launches = 0) {
+std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
   DeviceBuffer<uint8_t> a(p.a), b(p.b);
   DeviceBuffer<float> sa(p.sa), sb(p.sb);
   DeviceBuffer<int32_t> te(p.tile_expert), ro(p.row_offset), ec(p.expert_count);
   DeviceBuffer<float> d(static_cast<size_t>(p.rows() * p.n));
-  DeviceBuffer<float> partials(launches > 0 ? kernels::grouped_gemm_split_floats() : 0);
-  DeviceBuffer<uint32_t> counters(launches > 0 ? static_cast<size_t>(kernels::kGemmSplitCtas) : 0);
   kernels::GroupedGemmArgs g;
   g.a = a.get();
   g.a_scale = sa.get();
@@ -299,14 +294,8 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out, int launches = 
   g.experts = p.experts;
   g.out_precision = out;
   g.d = d.get();
-  if (launches > 0) g.split_partials = partials.get(), g.split_counters = counters.get();
-  for (int i = 0; i < std::max(1, launches); ++i) kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
+  kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
-  if (launches > 0) {  // the tiles' counters end at zero
-    const std::vector<uint32_t> left = counters.download();
-    const auto used = static_cast<std::ptrdiff_t>(g.max_tiles * (p.n / 128));
-    EXPECT_EQ(std::count(left.begin(), left.begin() + used, 0u), used) << "split-K counters left non-zero";
-  }
   return d.download();
 }
 
@@ -459,52 +448,6 @@ TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
   }
   EXPECT_EQ(mismatches, 0) << mismatches << " of " << checked << " differ; first: " << first;
   std::cout << "  " << checked << " outputs, " << mismatches << " differ from the wgmma model\n";
-}
-
-// Split-K (a grid of 6 tiles x 2 N tiles: 8 splits of K = 4096): every output equal, bit for bit,
-// to the model of each split's range of blocks promoted from zero, the ranges added in order in
-// float32, then rounded; over three launches from poisoned scratch; an expert of 3 rows
-// runs the 8-row instruction and writes zeros to its padding rows.
-TEST(GpuGemm, SplitKMatchesTheModelOfOrderedRangesBitForBit) {
-  MOECHECK_REQUIRE_GPU();
-  GemmProblem p = realistic_problem(41, 3, 256, 4096, {0, 1, 2, -1});
-  p.row_offset = {0, 64, 128, 192};
-  p.expert_count = {64, 64, 3};
-  std::fill(p.a.begin() + (128 + 3) * p.k, p.a.begin() + 192 * p.k, uint8_t{0});  // padding: zero codes
-  const int64_t kb = p.k / 128, splits = kernels::grouped_gemm_k_splits(4, p.n, p.k);
-  ASSERT_EQ(splits, 8) << "the test is meant for the largest split";
-  const TensorCoreModel tc = TensorCoreModel::hopper_wgmma();
-  for (auto out : {Precision::f32, Precision::bf16}) {
-    const std::vector<float> d = run_gemm(p, out, 3);
-    int64_t mismatches = 0, checked = 0;
-    std::string first;
-    for (int64_t row = 0; row < p.rows(); ++row) {
-      const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
-      if (e < 0) continue;
-      const bool padding = row - p.row_offset[e] >= p.expert_count[e];
-      for (int64_t col = 0; col < p.n; ++col, ++checked) {
-        float total = 0.0f;
-        for (int64_t s = 0; s < splits; ++s) {
-          float acc = 0.0f;
-          for (int64_t b = s * kb / splits; b < (s + 1) * kb / splits; ++b) {
-            const float part = tc_chain(tc, p.a.data() + row * p.k + b * 128,
-                                        p.b.data() + (e * p.n + col) * p.k + b * 128, 32, 4, 0.0f);
-            acc = std::fma(p.sa[row * kb + b] * p.sb[(e * (p.n / 128) + col / 128) * kb + b], part, acc);
-          }
-          total = s == 0 ? acc : total + acc;
-        }
-        float want = padding ? 0.0f : total;
-        if (out == Precision::bf16) want = bf16_round(want);
-        const float got = d[row * p.n + col];
-        if (std::memcmp(&got, &want, 4) != 0 && mismatches++ == 0)
-          first = "row " + std::to_string(row) + " col " + std::to_string(col) + ": gpu " + std::to_string(got) +
-                  ", model " + std::to_string(want);
-      }
-    }
-    EXPECT_EQ(mismatches, 0) << to_string(out) << ": " << mismatches << " of " << checked << " differ; first: " << first;
-    std::cout << "  out " << to_string(out) << ": " << checked << " outputs, " << mismatches
-              << " differ from the split-K model\n";
-  }
 }
 
 }  // namespace

@@ -322,14 +322,6 @@ std::vector<MoeCase> layer_cases() {
     m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
     v.push_back(m);
   }
-  {
-    // A decode step whose GEMM1 grid is small (8 experts x 4 column tiles): split-K in 4 ranges of
-    // H's 16 blocks (moe_stages.hpp grouped_gemm_k_splits).
-    auto m = make_case("split_k_decode", RoutingMethod::deepseek_v3, 32, 8, 2048, 256, 1);
-    m.c.n_group = 8, m.c.topk_group = 4, m.c.routed_scaling_factor = 2.5, m.bias = true;
-    m.c.intermediate_dtype = Precision::bf16;
-    v.push_back(m);
-  }
   // H = 384, I = 256: L = 3 and 2, so both BLK128x128 scale tensors need cuBLASLt's L4 padding.
   v.push_back(make_case("ragged_t_renormalize", RoutingMethod::renormalize, 8, 3, 384, 256, 37));
   v.push_back(make_case("multi_tile_softmax_topk", RoutingMethod::softmax_topk, 4, 2, 256, 128, 300));
