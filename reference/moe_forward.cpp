@@ -108,6 +108,15 @@ struct TruncationProduct {
 struct Float32Buffers {
   std::vector<float> panel, in, out;
 };
+// out [n, ceil(K/group)]: per row and group g of K, the projection of the group's own part of the
+// product, (in_g W_g^T)[r, :], on the whole product row (in W^T)[r, :], in float32 (a variance
+// needs a few digits): how a common factor on group g moves the row along itself (BUDGETS.md §7).
+struct GroupProjection {
+  const RowMat* in = nullptr;
+  RowMat* out = nullptr;
+  int64_t group = 0;
+  std::vector<float> panel, a, part, whole;
+};
 struct PanelExtras {
   AbsProduct abs[2];
   int n_abs = 0;
@@ -124,6 +133,7 @@ struct PanelExtras {
   // direction needs a few digits, as a variance does).
   AbsProduct lin{};
   Float32Buffers* lin_buf = nullptr;
+  GroupProjection* grp = nullptr;
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
   void add_sq(const RowMat* in, RowMat* out, Float32Buffers* buf) { sq = {in, out}, sq_buf = buf; }
   void add_lin(const RowMat* in, RowMat* out, Float32Buffers* buf) { lin = {in, out}, lin_buf = buf; }
@@ -166,6 +176,18 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
   };
   prepare_f32(ex.sq, ex.sq_buf);
   prepare_f32(ex.lin, ex.lin_buf);
+  // <in_g W_g^T, in W^T> = sum over k in g of in[:, k] (out W)[:, k]: when the whole back product
+  // out W is computed anyway, the group projections are its reduction (after the panels).
+  const bool grp_from_back = ex.grp && ex.back && !sparse_back;
+  if (ex.grp) ex.grp->out->setZero(a.rows(), ceil_div(K, ex.grp->group));
+  if (ex.grp && !grp_from_back) {
+    GroupProjection& g = *ex.grp;
+    g.panel.resize(panel.size());
+    g.a.resize(size_t(a.size()));
+    g.part.resize(size_t(a.rows() * kPanelRows));
+    g.whole.resize(g.part.size());
+    Eigen::Map<RowMatF>(g.a.data(), a.rows(), K) = g.in->cast<float>();
+  }
   const Float32Panel* f32 = ex.trunc && ex.trunc->rows_f32 ? &ex.trunc->panel : nullptr;
   // The float truncation pass also computes the (only) magnitude product: no |W| panel then,
   // unless the pass declines.
@@ -186,6 +208,18 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     if (ex.lin.in) {
       Eigen::Map<RowMatF>(ex.lin_buf->panel.data(), nr, K) = w.cast<float>();
       product_f32(ex.lin, ex.lin_buf, r0, nr);
+    }
+    if (ex.grp && !grp_from_back) {
+      GroupProjection& g = *ex.grp;
+      Eigen::Map<RowMatF> wf(g.panel.data(), nr, K), part(g.part.data(), a.rows(), nr), whole(g.whole.data(), a.rows(), nr);
+      wf = w.cast<float>();
+      whole = out.middleCols(r0, nr).cast<float>();
+      const Eigen::Map<const RowMatF> af(g.a.data(), a.rows(), K);
+      for (int64_t k0 = 0; k0 < K; k0 += g.group) {
+        const int64_t kn = std::min(g.group, K - k0);
+        part.noalias() = af.middleCols(k0, kn) * wf.middleCols(k0, kn).transpose();
+        g.out->col(k0 / g.group) += (part.array() * whole.array()).rowwise().sum().cast<double>().matrix();
+      }
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
     if (sparse_back)
@@ -228,6 +262,12 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     }
     r0 += nr;
   }
+  if (grp_from_back)
+    for (int64_t k0 = 0; k0 < K; k0 += ex.grp->group) {
+      const int64_t kn = std::min(ex.grp->group, K - k0);
+      ex.grp->out->col(k0 / ex.grp->group) =
+          (ex.grp->in->middleCols(k0, kn).array() * ex.back->middleCols(k0, kn).array()).rowwise().sum().matrix();
+    }
 }
 
 
@@ -246,6 +286,10 @@ struct Scratch {
   // itself, RequantMoments.
   RowMat hq, rq, hdelta, hmean, hmb, hfv, hcell;
   Float32Buffers lin_buf;
+  // Noise model: the relative variance of each group's float32 scale [n, I/G] and the projection of
+  // each group's part of GEMM2 on the slot output [n, I/G] (BUDGETS.md §7).
+  RowMat gsv, gproj;
+  GroupProjection grp;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
   std::vector<double> twalign;   // truncation bound, double path: the panel's A(w)
@@ -467,7 +511,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hrow.resize(I);
   s.hcodes.resize(I);
   s.hscales.resize(ig);
-  if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n);
+  if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n), s.gsv.setZero(n, ig);
   const bool requant = budget && bc.requant.r;
   if (requant) {
     s.hq.resize(n, I), s.hdelta.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
@@ -503,7 +547,8 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       RequantMoments moments;
       if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
       intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
-                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr);
+                             s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr,
+                             s.gsv.row(r).data());
       for (int64_t i = 0; i < I; ++i) {
         const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
         hv[i] += promotion;
@@ -551,6 +596,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
       // reaching every output through W2: sum_i W2[o, i]^2 var_i.
       ex.add_sq(&s.hvar, &s.vy, &s.sq_buf);
+      s.grp.in = &s.h, s.grp.out = &s.gproj, s.grp.group = G, ex.grp = &s.grp;
       if (requant) ex.add_lin(&s.hq, &s.rq, &s.lin_buf);
     }
     if (bc.ideal) ex.add_abs(&s.qh, &s.qy);
@@ -600,6 +646,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
         const double g = s.yw(r, i);
         sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
       }
+      // A group's float32 scale that differs from the reference's by a factor 1 + e moves the
+      // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance
+      // of e (§10.2 step 4; one amax element's bf16 crossing makes e a bf16 step: measured, gate
+      // --backend cuda seed 47 case 1373, a one-group slot 0.8% low). Groups are independent.
+      for (int64_t g = 0; g < s.gsv.cols(); ++g) sys += s.gsv(r, g) * s.gproj(r, g) * s.gproj(r, g);
       bc.slot_sys[job.slots[r]] = std::sqrt(sys);
       const int64_t slot = job.slots[r];
       if (requant) {

@@ -61,6 +61,18 @@ double grid_crossing_var(double v, double vr, double var, int mant, int emin, bo
   return grid_crossing(v, vr, var, mant, emin, saturate_at_vr).var;
 }
 
+// The probability that the device's v + X (X of variance var) leaves the rounding cell of vr on
+// that grid (A2: normal approximation), and the grid's step at vr.
+struct CellExit {
+  double p, step;
+};
+CellExit cell_exit(double v, double vr, double var, int mant, int emin) {
+  const Steps s = grid_steps(vr, mant, emin);
+  const double below = (vr < 0 ? s.at : s.below) / 2, above = (vr < 0 ? s.below : s.at) / 2;
+  const double p = crossing_probability(v - (vr - below), var) + crossing_probability(vr + above - v, var);
+  return {std::min(1.0, p), s.at};
+}
+
 // d/dg silu(g) = sigma(g) (1 + g (1 - sigma(g))).
 double silu_slope(double g) {
   const double sg = 1.0 / (1.0 + std::exp(-g));
@@ -85,12 +97,13 @@ double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * s
 
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
-                            const double* worst_dev, double* var, const RequantMoments* rq) {
+                            const double* worst_dev, double* var, const RequantMoments* rq,
+                            double* scale_rel_var) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
   // float32 (silu_ulps) and possibly bf16, the product and its rounding to ip.
-  std::vector<double> vh(static_cast<size_t>(I));
+  std::vector<double> vh(static_cast<size_t>(I)), h_pre(vh.size()), v_pre(vh.size());
   for (int64_t i = 0; i < I; ++i) {
     const double g0 = x[gate0 + i], u0 = x[up0 + i];
     const double g = round_to(g0, ip), u = round_to(u0, ip);
@@ -100,7 +113,8 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     double sg = s0;
     if (c.recipe.silu_dtype == Precision::bf16) sg = round_to(s0, Precision::bf16), vs = rounded_noise_var(s0, sg, vs);
     const double h0 = sg * u, dp = kU32 * std::fabs(h0);
-    vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), u * u * vs + sg * sg * vu + dp * dp, ip);
+    h_pre[size_t(i)] = h0, v_pre[size_t(i)] = u * u * vs + sg * sg * vu + dp * dp;
+    vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), v_pre[size_t(i)], ip);
   }
   // Step 2: re-quantization per group. The scale follows the group's amax (the element of the
   // largest |h|): float32 scales move continuously with it, UE8M0 scales by a factor of two
@@ -115,6 +129,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       if (std::fabs(h[i]) > std::fabs(h[jmax])) jmax = i;
     const double amax = std::fabs(h[jmax]), vamax = vh[size_t(jmax)];
     const bool floored = rule.floor == ActScaleFloor::eps && amax < rule.eps;
+    if (scale_rel_var) scale_rel_var[g0 / G] = 0;
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
       for (int64_t i = g0; i < g0 + n; ++i) {
         var[i] = worst_dev[i] * worst_dev[i];
@@ -131,6 +146,18 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       const double dsl = m.scale_ulps * kU32 * s;
       if (rule.format == ScaleFormat::f32) {
         vs = (s / amax) * (s / amax) * vamax + dsl * dsl;
+        if (scale_rel_var) {
+          // The shared factor's variance: the continuous part vs / s^2, and the amax element's own
+          // rounding to intermediate_dtype, which, where the device's value may leave its cell, moves
+          // amax (and every dequantized element of the group) by a whole step: a rare jump J, not a
+          // Gaussian term, so it enters at Hoeffding's proxy for a variable of range J, J^2 / 4, plus
+          // its mean p J squared, wherever p is not negligible (> 1e-12).
+          const size_t j = size_t(jmax);
+          const CellExit x = ip == Precision::bf16 ? cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 7, -126)
+                                                   : cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 23, -126);
+          const double jump = x.step / amax;
+          scale_rel_var[g0 / G] = vs / (s * s) + (x.p > 1e-12 ? jump * jump / 4 + (x.p * jump) * (x.p * jump) : 0.0);
+        }
       } else {
         const double va = vamax + (448 * dsl) * (448 * dsl);
         p_up = crossing_probability(448.0 * s - amax, va), p_dn = crossing_probability(amax - 224.0 * s, va);

@@ -48,6 +48,10 @@ double rounded_noise_var(double v, double vr, double var, Precision p);
 // deviation that crosses nothing leaves the code as it is); cell is the e4m3 step at the
 // reference's code times the group's scale, the size of one code's move in h's units (where the
 // model does not apply: worst_dev).
+// scale_rel_var, when given [ceil(I/G)]: per group the variance of the device's float32 scale
+// relative to the reference's, (vs / s)^2 of §10.2 step 4 (0 for UE8M0 scales and where the model
+// does not apply). Unlike a code's crossing, that deviation is shared by every element of the
+// group: the dequantized group moves as a whole, by that factor (BUDGETS.md §7).
 struct RequantMoments {
   double* mean = nullptr;
   double* mean_bound = nullptr;
@@ -57,7 +61,7 @@ struct RequantMoments {
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var,
-                            const RequantMoments* rq = nullptr);
+                            const RequantMoments* rq = nullptr, double* scale_rel_var = nullptr);
 
 // The sigma multiple at which a sub-Gaussian test of `tests` statistics has a false-alarm
 // probability of at most `alpha` in all (two-sided, union bound): sqrt(2 ln(2 tests / alpha)).
@@ -65,5 +69,11 @@ double noise_z(double tests, double alpha);
 
 // False-alarm probability per judged output that the aggregate tests are held to (BUDGETS.md §10).
 constexpr double kFalseAlarmPerOutput = 1e-6;
+
+// The revision of the terms a stored reference carries (noise_var, slot_noise_var,
+// slot_flip_projection, the re-quantization terms): a stored /reference/quantized is reused only
+// when its attribute noise_model equals this (golden/FORMAT.md). Raised whenever those terms
+// change meaning; "2": the flip projections hold the groups' shared scale term (BUDGETS.md §7).
+inline constexpr const char* kNoiseModelRevision = "2";
 
 }  // namespace moecheck

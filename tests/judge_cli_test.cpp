@@ -55,6 +55,24 @@ TEST(JudgeCli, StoredReferenceGivesTheSameVerdict) {
   EXPECT_EQ(a, b);
 }
 
+// A stored reference whose noise-model terms are of an older revision (attribute noise_model absent
+// or different: written before the flip projections held the groups' shared scale term) is not
+// reused: compare says so and judges as with a computed reference.
+TEST(JudgeCli, StoredReferenceOfAnOlderNoiseModelIsComputedAgain) {
+  test::TempDir dir("judge-stored-old");
+  const std::string c = faulty_case(dir, "faulty:act_scale_transposed");
+  ASSERT_EQ(moecheck({"compare", c, "-q", "--json", dir.file("computed.json")}).exit_code, 1);
+  ASSERT_EQ(moecheck({"reference", c, "-q"}).exit_code, 0);
+  test::mutate(c, [](H5::H5File& f) { test::set_attr(f.openGroup("/reference/quantized"), "noise_model", "1"); });
+  const auto r = moecheck({"compare", c, "--json", dir.file("stored.json")});
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("older noise model"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("reused from /reference/quantized"), std::string::npos) << r.err;
+  nlohmann::json a = read_json(dir.file("computed.json")), b = read_json(dir.file("stored.json"));
+  a.erase("reference_seconds"), b.erase("reference_seconds");
+  EXPECT_EQ(a, b);
+}
+
 // Near-tie tokens are re-run by the reference under the routing the output explains best; with
 // --requant-test those rows need the test's terms too (it read past them and crashed: seeds 1
 // and 2 of this case).

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "reference/errors.hpp"
+#include "reference/noise_model.hpp"
 #ifdef MOECHECK_HAVE_CUDA
 #include "kernels/fp64_weight_products.hpp"
 #endif
@@ -67,6 +68,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
   if (expert_outputs || !r.budget.empty()) d.expert_outputs = r.expert_outputs;
   if (!r.budget.empty()) {
     d.attributes["budget_model"] = budget_model;
+    d.attributes["noise_model"] = kNoiseModelRevision;
     d.budget = r.budget;
     d.slot_budget = r.slot_budget;
     d.noise_var = r.noise_var;
@@ -89,6 +91,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
   const BudgetModel model = parse_budget_model(model_name);
   if (auto stored = cp.reader().read_reference("quantized")) {
     const auto it = stored->attributes.find("budget_model");
+    const auto rev = stored->attributes.find("noise_model");
+    const bool current = rev != stored->attributes.end() && rev->second == kNoiseModelRevision;
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
     // The re-quantization terms are reused only when whole and sane (finite; the variance and the
     // mean's bound >= 0), else computed again: a damaged store changes no judgement.
@@ -106,10 +110,14 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
         stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H);
-    if (matches && requant_terms && !has_requant && progress)
+    if (matches && !current && progress)
+      std::cerr << "moecheck: the stored /reference/quantized was written by an older noise model (attribute "
+                   "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
+                   "reference` stores it again\n";
+    if (matches && current && requant_terms && !has_requant && progress)
       std::cerr << "moecheck: the stored /reference/quantized has no usable re-quantization terms (written by an "
                    "older moecheck, or damaged): computing the reference; `moecheck reference` stores them\n";
-    if (matches && (has_requant || !requant_terms)) {
+    if (matches && current && (has_requant || !requant_terms)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
