@@ -211,8 +211,10 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     }
     if (ex.grp && !grp_from_back) {
       GroupProjection& g = *ex.grp;
-      Eigen::Map<RowMatF> wf(g.panel.data(), nr, K), part(g.part.data(), a.rows(), nr), whole(g.whole.data(), a.rows(), nr);
-      wf = w.cast<float>();
+      // The panel in float32: the re-quantization direction's product has just converted it.
+      if (!ex.lin.in) Eigen::Map<RowMatF>(g.panel.data(), nr, K) = w.cast<float>();
+      const Eigen::Map<const RowMatF> wf(ex.lin.in ? ex.lin_buf->panel.data() : g.panel.data(), nr, K);
+      Eigen::Map<RowMatF> part(g.part.data(), a.rows(), nr), whole(g.whole.data(), a.rows(), nr);
       whole = out.middleCols(r0, nr).cast<float>();
       const Eigen::Map<const RowMatF> af(g.a.data(), a.rows(), K);
       for (int64_t k0 = 0; k0 < K; k0 += g.group) {

@@ -128,7 +128,8 @@ struct ForwardResult {
   // they are), per output element [T, H] and per slot output before weighting [T, k, H].
   std::vector<double> noise_var, slot_noise_var;
   // Per slot [T, k]: root sum of squares over the slot's flip-able intermediates i of
-  // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output
+  // dh_i |<W2[:, i], y>|, the projections of re-quantization flips onto the slot's own output,
+  // and over its groups g of sd(e_g) |<y_g, y>|, those of the groups' shared scale deviations
   // (BUDGETS.md §7).
   std::vector<double> slot_flip_projection;
   // The re-quantization test's terms (BUDGETS.md §10.7), with a budget model and requant_terms.

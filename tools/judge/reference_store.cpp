@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <iostream>
+#include <optional>
 #include <unistd.h>
 
 #include "reference/errors.hpp"
@@ -14,6 +15,36 @@
 #endif
 
 namespace moecheck::judge {
+
+namespace {
+
+// The re-quantization test's per-token terms as stored: [T, 4] rows (signal, var, mean,
+// mean_bound), golden/FORMAT.md.
+std::vector<double> pack_requant_terms(const RequantTerms& q) {
+  std::vector<double> rows;
+  for (size_t t = 0; t < q.signal.size(); ++t) rows.insert(rows.end(), {q.signal[t], q.var[t], q.mean[t], q.mean_bound[t]});
+  return rows;
+}
+
+// The stored terms when whole and sane (finite; the variance and the mean's bound >= 0), else
+// nullopt: a damaged store is computed again and changes no judgement.
+std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t T, int64_t H) {
+  if (stored.requant_direction.size() != size_t(T * H) || stored.requant_terms.size() != size_t(T * 4))
+    return std::nullopt;
+  for (const double d : stored.requant_direction)
+    if (!std::isfinite(d)) return std::nullopt;
+  RequantTerms q;
+  for (int64_t t = 0; t < T; ++t) {
+    const double* r = &stored.requant_terms[size_t(t * 4)];
+    if (!(std::isfinite(r[0]) && std::isfinite(r[2]) && r[1] >= 0 && r[1] < INFINITY && r[3] >= 0 && r[3] < INFINITY))
+      return std::nullopt;
+    q.signal.push_back(r[0]), q.var.push_back(r[1]), q.mean.push_back(r[2]), q.mean_bound.push_back(r[3]);
+  }
+  q.direction = std::move(stored.requant_direction);
+  return q;
+}
+
+}  // namespace
 
 ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetModel* model, bool expert_outputs,
                                 bool progress, bool requant_terms, WeightProducts* products) {
@@ -77,9 +108,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     const int64_t T = r.routing.tokens;
     if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T)) {
       d.requant_direction = r.requant.direction;
-      for (size_t t = 0; t < r.requant.signal.size(); ++t)
-        d.requant_terms.insert(d.requant_terms.end(),
-                               {r.requant.signal[t], r.requant.var[t], r.requant.mean[t], r.requant.mean_bound[t]});
+      d.requant_terms = pack_requant_terms(r.requant);
     }
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
@@ -94,17 +123,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
     const auto rev = stored->attributes.find("noise_model");
     const bool current = rev != stored->attributes.end() && rev->second == kNoiseModelRevision;
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
-    // The re-quantization terms are reused only when whole and sane (finite; the variance and the
-    // mean's bound >= 0), else computed again: a damaged store changes no judgement.
-    bool has_requant =
-        stored->requant_direction.size() == size_t(T * H) && stored->requant_terms.size() == size_t(T * 4);
-    for (size_t i = 0; has_requant && i < stored->requant_direction.size(); ++i)
-      has_requant = std::isfinite(stored->requant_direction[i]);
-    for (int64_t t = 0; has_requant && t < T; ++t) {
-      const double* q = &stored->requant_terms[size_t(t * 4)];
-      has_requant = std::isfinite(q[0]) && std::isfinite(q[2]) && q[1] >= 0 && q[1] < INFINITY && q[3] >= 0 &&
-                    q[3] < INFINITY;
-    }
+    std::optional<RequantTerms> requant = requant_terms ? stored_requant_terms(*stored, T, H) : std::nullopt;
+    const bool has_requant = requant.has_value();
     const bool matches =
         stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
@@ -131,14 +151,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.noise_var = std::move(stored->noise_var);
       r.slot_flip_projection = std::move(stored->slot_flip_projection);
       r.slot_noise_var = std::move(stored->slot_noise_var);
-      if (has_requant && requant_terms) {
-        r.requant.direction = std::move(stored->requant_direction);
-        for (int64_t t = 0; t < T; ++t) {
-          const double* q = &stored->requant_terms[size_t(t * 4)];
-          r.requant.signal.push_back(q[0]), r.requant.var.push_back(q[1]);
-          r.requant.mean.push_back(q[2]), r.requant.mean_bound.push_back(q[3]);
-        }
-      }
+      if (requant) r.requant = std::move(*requant);
       *reused = true;
       return r;
     }

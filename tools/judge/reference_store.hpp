@@ -30,9 +30,9 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
                      const std::string& device = "");
 
 // The quantized-tier reference with the budget of `model_name`: the stored one when its input
-// hash and budget model match and it holds every array the judgement reads (budgets, noise
-// variance, flip projections, and with requant_terms the re-quantization test's terms;
-// reused = true), else computed. Either way the same judgement.
+// hash, budget model and noise-model revision (kNoiseModelRevision) match and it holds every
+// array the judgement reads (budgets, noise variance, flip projections, and with requant_terms
+// the re-quantization test's terms; reused = true), else computed. Either way the same judgement.
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
                                   bool progress, bool* reused, bool requant_terms = false);
 
