@@ -303,6 +303,8 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
   MoeWorkspace::required_bytes(c, 1);  // the cuda backend's configuration rules
   // cuBLASLt also takes 16-byte aligned operands; the weight scales are repacked into our own buffer.
   check_layer_arguments(who, in, out, ws.fits(c, in.num_tokens), bf16_entry);
+  require(in.weight_layout == WeightLayout::row_major, who,
+          "cuBLASLt reads the weights row-major: weight_layout must be row_major, not block_tiles");
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MOECHECK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   require(capture == cudaStreamCaptureStatusNone, who,

@@ -46,6 +46,9 @@ struct Fp8BlockScaleMoeInputs {
   const float* gemm1_weights_scale = nullptr;
   const uint8_t* gemm2_weights = nullptr;
   const float* gemm2_weights_scale = nullptr;
+  // Both weights' code layout (moe_stages.hpp): row_major as above, or block_tiles made by
+  // launch_pack_weight_tiles (the cuda backend's own, faster for decode; cublaslt takes row_major).
+  WeightLayout weight_layout = WeightLayout::row_major;
   int64_t num_tokens = 0;
 };
 

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -126,6 +127,16 @@ BackendOutput run_gpu_backend(const MoeProblem& p, bool hidden_is_bf16, GpuBacke
   r.tokens = T, r.hidden = H, r.top_k = k;
   r.device = info.device;
   if (backend == GpuBackend::cuda) {
+    // The weights in the GEMM's own layout, as the bench times it (made once, like an engine's
+    // weight preparation at load time).
+    const bool rows = std::getenv("MOECHECK_RUN_ROW_MAJOR") != nullptr;  // experiment switch (temporary)
+    DeviceBuffer t13(rows ? 0 : w13.bytes), t2(rows ? 0 : w2.bytes);
+    if (!rows) {
+    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13.as<uint8_t>(), nullptr);
+    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2.as<uint8_t>(), nullptr);
+    in.gemm1_weights = t13.as<uint8_t>(), in.gemm2_weights = t2.as<uint8_t>();
+    in.weight_layout = WeightLayout::block_tiles;
+    }
     MoeWorkspace ws(c, T);
     if (from_bf16)
       fp8_block_scale_moe_from_bf16(c, in, o, ws, nullptr);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -146,6 +147,15 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   fill_fp8(w2.p, w2_n, o.seed * 8 + 2);
   fill_float(s13.p, s13_n, o.seed * 8 + 3, 1.0f / 128, true);
   fill_float(s2.p, s2_n, o.seed * 8 + 4, 1.0f / 128, true);
+  // The cuda backend reads its own weight layout (made once, not timed); cublaslt the row-major one.
+  const char* row_major_env = std::getenv("MOECHECK_BENCH_ROW_MAJOR");
+  const bool tiles = o.backend == GpuBackend::cuda && !(row_major_env && std::strcmp(row_major_env, "1") == 0);
+  std::unique_ptr<DeviceBuffer> t13, t2;
+  if (tiles) {
+    t13 = std::make_unique<DeviceBuffer>(w13_n), t2 = std::make_unique<DeviceBuffer>(w2_n);
+    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13->as<uint8_t>(), s);
+    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2->as<uint8_t>(), s);
+  }
   const int sets = std::max(1, o.input_sets);
   DeviceBuffer hidden(2 * size_t(T_max * H) * sets), logits(4 * size_t(T_max * E) * sets),
       bias(o.routing_bias ? 4 * size_t(E) : 0), out(2 * size_t(T_max * H));
@@ -184,6 +194,10 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
     in.hidden_states_bf16 = hidden.as<uint16_t>() + size_t(set) * T_max * H;
     in.gemm1_weights = w13.as<uint8_t>(), in.gemm1_weights_scale = s13.as<float>();
     in.gemm2_weights = w2.as<uint8_t>(), in.gemm2_weights_scale = s2.as<float>();
+    if (tiles) {
+      in.gemm1_weights = t13->as<uint8_t>(), in.gemm2_weights = t2->as<uint8_t>();
+      in.weight_layout = WeightLayout::block_tiles;
+    }
     in.num_tokens = T;
     Fp8BlockScaleMoeOutputs ou;
     ou.output = out.as<uint16_t>();

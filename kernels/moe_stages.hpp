@@ -10,6 +10,7 @@
 //   launch_sm90_fp8_grouped_gemm sm90_fp8_grouped_gemm_1d2d.cu         §3 (GEMM1), §5 (GEMM2)
 //   launch_silu_mul_quant        silu_mul_quant.cu                     §4
 //   launch_moe_finalize          moe_finalize.cu                       §6
+//   launch_pack_weight_tiles     pack_weight_tiles.cu                  - (once, when weights load)
 //
 // Memory: every pointer is a device pointer; nothing is allocated here. Invalid arguments
 // (shapes, null pointers, misalignment) are std::invalid_argument; CUDA failures CudaError.
@@ -86,16 +87,42 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
 // skipped (their D rows are not written). With row_offset and expert_count (the permutation
 // plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
 // 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
+// How the B operand's (the weights') codes lie in memory.
+//   row_major    [E_local, N, K]: row n of expert e is output column n (FlashInfer's MajorK).
+//   block_tiles  [E_local, N/128, K/128, 16 KiB]: each 128 x 128 weight block (rows n, columns k)
+//                contiguous, in the GEMM's shared-memory order (row r's 16-byte chunk c at byte
+//                128 r + 16 (c ^ (r mod 8)), the 128-byte swizzle of sm90_wgmma.cuh), so a K block
+//                of a CTA is one 16 KiB run of DRAM instead of 128 runs of 128 bytes 7168 apart.
+//                Made once from row_major by launch_pack_weight_tiles (as engines prepare weights
+//                at load time: FlashInfer's BlockMajorK); the codes themselves are unchanged.
+enum class WeightLayout { row_major, block_tiles };
+
+// row_major [experts, n, k] -> block_tiles (above); n, k multiples of 128; the two must not overlap.
+void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t n, int64_t k, uint8_t* tiles,
+                              cudaStream_t stream);
+
+// The CTA shape of the grouped GEMM (sm90_fp8_grouped_gemm_1d2d.cu). narrow: one M tile per CTA,
+// token widths 8..64, two CTAs per SM (decode). wide: two M tiles of one expert per CTA, one CTA
+// per SM, each weight panel sent from L2 once for both (prefill); needs the plan (row_offset).
+// Both compute every output element the same way, bit for bit.
+enum class GemmTileShape { narrow, wide };
+// The layer's choice: wide when the local experts average two M tiles or more.
+inline GemmTileShape gemm_tile_shape(int64_t tokens, int64_t top_k, int64_t local_experts) {
+  return tokens * top_k >= 2 * kGemmTileM * local_experts ? GemmTileShape::wide : GemmTileShape::narrow;
+}
+
 struct GroupedGemmArgs {
   const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
   const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
-  const uint8_t* b = nullptr;        // [E_local, N, K] e4m3 (row n of expert e = output column n)
+  const uint8_t* b = nullptr;        // e4m3, as b_layout says: [E_local, N, K] or its block tiles
+  WeightLayout b_layout = WeightLayout::row_major;
   const float* b_scale = nullptr;    // [E_local, N/128, K/128]
   const int32_t* tile_expert = nullptr;  // [max_tiles]
   const int32_t* row_offset = nullptr;   // optional [E_local + 1], with expert_count [E_local]
   const int32_t* expert_count = nullptr;
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   Precision out_precision = Precision::f32;
+  GemmTileShape tile_shape = GemmTileShape::narrow;
   float* d = nullptr;                // [max_tiles * kGemmTileM, N]
 };
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);

@@ -273,8 +273,11 @@ struct GemmProblem {
   int64_t rows() const { return static_cast<int64_t>(tile_expert.size()) * kernels::kGemmTileM; }
 };
 
-std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
-  DeviceBuffer<uint8_t> a(p.a), b(p.b);
+// The GEMM on p, its weights as given (row_major) or packed on the device into block tiles first.
+std::vector<float> run_gemm(const GemmProblem& p, Precision out,
+                            kernels::WeightLayout layout = kernels::WeightLayout::row_major,
+                            kernels::GemmTileShape shape = kernels::GemmTileShape::narrow) {
+  DeviceBuffer<uint8_t> a(p.a), b(p.b), tiles(layout == kernels::WeightLayout::block_tiles ? p.b.size() : 0);
   DeviceBuffer<float> sa(p.sa), sb(p.sb);
   DeviceBuffer<int32_t> te(p.tile_expert), ro(p.row_offset), ec(p.expert_count);
   DeviceBuffer<float> d(static_cast<size_t>(p.rows() * p.n));
@@ -282,6 +285,11 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
   g.a = a.get();
   g.a_scale = sa.get();
   g.b = b.get();
+  if (layout == kernels::WeightLayout::block_tiles) {
+    kernels::launch_pack_weight_tiles(b.get(), p.experts, p.n, p.k, tiles.get(), nullptr);
+    g.b = tiles.get();
+  }
+  g.b_layout = layout;
   g.b_scale = sb.get();
   g.tile_expert = te.get();
   if (!p.row_offset.empty()) {
@@ -293,6 +301,7 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out) {
   g.k = p.k;
   g.experts = p.experts;
   g.out_precision = out;
+  g.tile_shape = shape;
   g.d = d.get();
   kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -412,10 +421,13 @@ TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
   for (size_t i = 0; i < bi.size(); ++i) p.b[i] = e4m3_encode_satfinite(std::floor(bi[i]));
   p.sa.assign(static_cast<size_t>(p.rows() * (p.k / 128)), 0.5f);
   p.sb.assign(static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), 2.0f);
-  CheckReport r;
-  r.what = "exact GEMM with per-expert row counts";
-  check_gemm(p, run_gemm(p, Precision::f32), Precision::f32, true, r);
-  EXPECT_TRUE(r.ok) << r;
+  for (auto shape : {kernels::GemmTileShape::narrow, kernels::GemmTileShape::wide}) {
+    CheckReport r;
+    r.what = std::string("exact GEMM with per-expert row counts, ") +
+             (shape == kernels::GemmTileShape::wide ? "wide" : "narrow") + " CTAs";
+    check_gemm(p, run_gemm(p, Precision::f32, kernels::WeightLayout::row_major, shape), Precision::f32, true, r);
+    EXPECT_TRUE(r.ok) << r;
+  }
 }
 
 // Realistic codes and scales: every output element equal, bit for bit, to the measured model of
@@ -424,7 +436,9 @@ TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
 TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
   MOECHECK_REQUIRE_GPU();
   const GemmProblem p = realistic_problem(37, 2, 256, 1024, {1, 0, -1});
-  const std::vector<float> d = run_gemm(p, Precision::f32);
+  for (auto layout : {kernels::WeightLayout::row_major, kernels::WeightLayout::block_tiles}) {
+  SCOPED_TRACE(layout == kernels::WeightLayout::row_major ? "row-major weights" : "block-tile weights");
+  const std::vector<float> d = run_gemm(p, Precision::f32, layout);
   const TensorCoreModel tc = TensorCoreModel::hopper_wgmma();
   const int64_t kb = p.k / 128;
   int64_t mismatches = 0, checked = 0;
@@ -448,6 +462,60 @@ TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
   }
   EXPECT_EQ(mismatches, 0) << mismatches << " of " << checked << " differ; first: " << first;
   std::cout << "  " << checked << " outputs, " << mismatches << " differ from the wgmma model\n";
+  }
+}
+
+// The packed layout moves bytes only: tile (e, n block, k block) holds row r, 16-byte chunk c of
+// that block at byte 128 r + 16 (c ^ (r mod 8)) (moe_stages.hpp), checked byte for byte on the
+// host. And the GEMM gives the same bits on either layout and either CTA shape: experts of 1, 2
+// and 3 M tiles (wide CTAs: a lone tile, a pair, a pair and a lone one) whose last tiles hold 9,
+// 1, 22 and 64 rows (narrow token widths 16, 8, 32, 64), both output precisions.
+TEST(GpuGemm, EveryWeightLayoutAndTileShapeGivesTheSameBits) {
+  MOECHECK_REQUIRE_GPU();
+  GemmProblem p = realistic_problem(41, 4, 384, 640, {0, 1, 1, 2, 2, 2, 3, -1});
+  p.row_offset = {0, 64, 192, 384, 448};
+  p.expert_count = {9, 65, 150, 64};
+  for (int64_t row = 0; row < p.rows(); ++row) {  // padding rows hold zero codes, as the gather leaves them
+    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
+    if (e < 0 || row - p.row_offset[e] >= p.expert_count[e])
+      std::fill_n(p.a.begin() + row * p.k, p.k, uint8_t{0});
+  }
+
+  DeviceBuffer<uint8_t> b(p.b), tiles(p.b.size());
+  kernels::launch_pack_weight_tiles(b.get(), p.experts, p.n, p.k, tiles.get(), nullptr);
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> packed = tiles.download();
+  int64_t misplaced = 0;
+  const int64_t nb = p.n / 128, kb = p.k / 128;
+  for (int64_t e = 0; e < p.experts; ++e)
+    for (int64_t n = 0; n < p.n; ++n)
+      for (int64_t k = 0; k < p.k; ++k) {
+        const int64_t tile = (e * nb + n / 128) * kb + k / 128, r = n % 128, c = (k % 128) / 16;
+        const int64_t at = tile * 16384 + 128 * r + 16 * (c ^ (r % 8)) + k % 16;
+        misplaced += packed[static_cast<size_t>(at)] != p.b[static_cast<size_t>((e * p.n + n) * p.k + k)];
+      }
+  EXPECT_EQ(misplaced, 0) << "bytes of the packed tiles not where the layout puts them";
+
+  using kernels::GemmTileShape;
+  using kernels::WeightLayout;
+  for (auto out : {Precision::f32, Precision::bf16}) {
+    const std::vector<float> base = run_gemm(p, out);  // row-major, narrow: the version the other tests pin
+    CheckReport r;
+    r.what = std::string("GEMM within bound, out ") + std::string(to_string(out));
+    check_gemm(p, base, out, false, r);
+    EXPECT_TRUE(r.ok) << r;
+    for (auto layout : {WeightLayout::row_major, WeightLayout::block_tiles})
+      for (auto shape : {GemmTileShape::narrow, GemmTileShape::wide}) {
+        const std::vector<float> d = run_gemm(p, out, layout, shape);
+        ASSERT_EQ(d.size(), base.size());
+        int64_t differ = 0;
+        for (size_t i = 0; i < d.size(); ++i) differ += std::memcmp(&d[i], &base[i], 4) != 0;
+        EXPECT_EQ(differ, 0) << "outputs (" << to_string(out) << ", "
+                             << (layout == WeightLayout::block_tiles ? "block tiles" : "row-major") << ", "
+                             << (shape == GemmTileShape::wide ? "wide" : "narrow")
+                             << ") differing from the row-major narrow GEMM's (skipped tiles keep their poison)";
+      }
+  }
 }
 
 }  // namespace
