@@ -7,7 +7,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -130,9 +129,6 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   g1.k = H;
   g1.experts = E_local;
   g1.out_precision = c.intermediate_dtype;
-  g1.tile_shape = gemm_tile_shape(T, k, E_local);
-  if (const char* e = std::getenv("MOECHECK_GEMM_TILES"); e != nullptr && std::string(e) == "narrow")
-    g1.tile_shape = GemmTileShape::narrow;  // experiment switch (temporary)
   g1.d = b.gemm1_out;
   launch_sm90_fp8_grouped_gemm(g1, stream);
   ws.mark("gemm1", stream);

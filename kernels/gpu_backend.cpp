@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -129,14 +128,11 @@ BackendOutput run_gpu_backend(const MoeProblem& p, bool hidden_is_bf16, GpuBacke
   if (backend == GpuBackend::cuda) {
     // The weights in the GEMM's own layout, as the bench times it (made once, like an engine's
     // weight preparation at load time).
-    const bool rows = std::getenv("MOECHECK_RUN_ROW_MAJOR") != nullptr;  // experiment switch (temporary)
-    DeviceBuffer t13(rows ? 0 : w13.bytes), t2(rows ? 0 : w2.bytes);
-    if (!rows) {
+    DeviceBuffer t13(w13.bytes), t2(w2.bytes);
     launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13.as<uint8_t>(), nullptr);
     launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2.as<uint8_t>(), nullptr);
     in.gemm1_weights = t13.as<uint8_t>(), in.gemm2_weights = t2.as<uint8_t>();
     in.weight_layout = WeightLayout::block_tiles;
-    }
     MoeWorkspace ws(c, T);
     if (from_bf16)
       fp8_block_scale_moe_from_bf16(c, in, o, ws, nullptr);

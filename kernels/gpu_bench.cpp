@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -148,8 +147,7 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   fill_float(s13.p, s13_n, o.seed * 8 + 3, 1.0f / 128, true);
   fill_float(s2.p, s2_n, o.seed * 8 + 4, 1.0f / 128, true);
   // The cuda backend reads its own weight layout (made once, not timed); cublaslt the row-major one.
-  const char* row_major_env = std::getenv("MOECHECK_BENCH_ROW_MAJOR");
-  const bool tiles = o.backend == GpuBackend::cuda && !(row_major_env && std::strcmp(row_major_env, "1") == 0);
+  const bool tiles = o.backend == GpuBackend::cuda;
   std::unique_ptr<DeviceBuffer> t13, t2;
   if (tiles) {
     t13 = std::make_unique<DeviceBuffer>(w13_n), t2 = std::make_unique<DeviceBuffer>(w2_n);

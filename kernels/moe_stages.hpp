@@ -101,16 +101,6 @@ enum class WeightLayout { row_major, block_tiles };
 void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t n, int64_t k, uint8_t* tiles,
                               cudaStream_t stream);
 
-// The CTA shape of the grouped GEMM (sm90_fp8_grouped_gemm_1d2d.cu). narrow: one M tile per CTA,
-// token widths 8..64, two CTAs per SM (decode). wide: two M tiles of one expert per CTA, one CTA
-// per SM, each weight panel sent from L2 once for both (prefill); needs the plan (row_offset).
-// Both compute every output element the same way, bit for bit.
-enum class GemmTileShape { narrow, wide };
-// The layer's choice: wide when the local experts average two M tiles or more.
-inline GemmTileShape gemm_tile_shape(int64_t tokens, int64_t top_k, int64_t local_experts) {
-  return tokens * top_k >= 2 * kGemmTileM * local_experts ? GemmTileShape::wide : GemmTileShape::narrow;
-}
-
 struct GroupedGemmArgs {
   const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
   const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
@@ -122,7 +112,6 @@ struct GroupedGemmArgs {
   const int32_t* expert_count = nullptr;
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   Precision out_precision = Precision::f32;
-  GemmTileShape tile_shape = GemmTileShape::narrow;
   float* d = nullptr;                // [max_tiles * kGemmTileM, N]
 };
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);

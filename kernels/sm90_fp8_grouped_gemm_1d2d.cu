@@ -11,21 +11,17 @@
 //   acc = __fmaf_rn(__fmul_rn(sa, sb), p_b, acc)
 // with the _rn intrinsics so the compiler can neither contract nor reorder them; blocks ascend.
 //
-// Tiling ("swap AB", the weights are the instruction's M side): a narrow CTA of two warpgroups
+// Tiling ("swap AB", the weights are the instruction's M side): one CTA of two warpgroups
 // computes the 128 output columns n of one weight-scale block (64 per warpgroup: wgmma's M) for
 // the rows of one M tile of kGemmTileM = 64 permuted rows (wgmma's N). A tile whose expert has
 // fewer rows there runs the instruction with N = 8, 16 or 32 (the smallest that covers them) and
 // writes zeros to the rows it skipped; so a decode step with one token per expert does 1/8 of the
-// tensor work of a full tile, and the weights, read once, set the time. A wide CTA (prefill,
-// GemmTileShape::wide) has four warpgroups and two M tiles of one expert: each weight panel
-// crosses from L2 to the SM once for 128 rows, which is what bounds the large batches (the
-// L2-to-SM traffic per product falls by a third).
+// tensor work of a full tile, and the weights, read once, set the time.
 //
-// Pipeline: shared-memory stages filled by cp.async (16-byte copies, whole 128-byte rows per 8
-// threads; a block-tile weight panel is one contiguous 16 KiB run), stages - 1 K blocks in
-// flight ahead of the tensor cores. Two narrow CTAs per SM, so one CTA's promotion overlaps the
-// other's wgmma; in a wide CTA the four warpgroups' wgmma queue on the SM's tensor cores and the
-// first to finish promotes while the others' run. The epilogue stages the tile through shared
+// Pipeline: kStages shared-memory stages filled by cp.async (16-byte copies, whole 128-byte rows
+// per 8 threads; a block-tile weight panel, WeightLayout::block_tiles, is one contiguous 16 KiB
+// run), kStages - 1 K blocks in flight ahead of the tensor cores; two CTAs per SM,
+// so one CTA's promotion overlaps the other's wgmma. The epilogue stages the tile through shared
 // memory so that D rows are written with coalesced 16-byte stores.
 //
 // NOTES:
@@ -53,36 +49,20 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kTileRows = static_cast<int>(kGemmTileM);  // activation rows per M tile (wgmma N, at most)
+constexpr int kTileRows = static_cast<int>(kGemmTileM);  // activation rows per tile (wgmma N, at most)
 constexpr int kTileCols = static_cast<int>(kGemmTileN);  // output columns per tile (2 x wgmma M)
 constexpr int kBlockK = static_cast<int>(kScaleBlock);
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kStages = 4;
 constexpr int kWeightBytes = kTileCols * kBlockK;  // 16 KiB
+constexpr int kActBytes = kTileRows * kBlockK;     // 8 KiB
+constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
 constexpr int kEpiStride = kTileCols + 4;  // floats per staged output row: conflict-free fragment stores
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the first atom to 1024
 static_assert(kTileCols == 128 && kBlockK == 128, "one weight-scale block per CTA column tile and K block");
 static_assert(kTileRows == 64, "wgmma N of at most 64 rows per tile");
-
-// The two CTA shapes. kHalves M tiles per CTA, each computed by two warpgroups (64 output
-// columns each); a pipeline stage holds one K block: the 128 x 128 weight panel, the kHalves x
-// kRows activation rows and their scales (in 1024 bytes, keeping the swizzle atoms aligned).
-//   narrow (kHalves 1): 256 threads, 4 stages, two CTAs per SM (one CTA's promotion overlaps the
-//                       other's wgmma); tiles of 8, 16, 32 or 64 rows.
-//   wide   (kHalves 2): 512 threads, 6 stages, one CTA per SM; two M tiles of one expert share
-//                       each weight panel, so L2 sends the weights to the SMs half as often.
-template <int kRows, int kHalves>
-struct Shape {
-  static constexpr int kThreads = 256 * kHalves;
-  static constexpr int kActBytes = kHalves * kRows * kBlockK;
-  static constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;
-  static constexpr int kStages = kHalves == 1 ? 4 : 6;
-  static_assert(kStageBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
-  static_assert(kHalves * kTileRows * kEpiStride * 4 <= kStages * kStageBytes,
-                "the epilogue reuses the pipeline's shared memory");
-};
-// Dynamic shared memory: the stages, + room to align the first atom to 1024 bytes.
-constexpr int kNarrowSmem = Shape<64, 1>::kStages * Shape<64, 1>::kStageBytes + 1024;  // the largest narrow stage
-constexpr int kWideSmem = Shape<64, 2>::kStages * Shape<64, 2>::kStageBytes + 1024;
-static_assert(kNarrowSmem + 1024 <= 233472 / 2, "two narrow CTAs per SM (228 KiB, 1 KiB reserved per CTA)");
-static_assert(kWideSmem + 1024 <= 233472, "one wide CTA per SM");
+static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
+static_assert(kTileRows * kEpiStride * 4 <= kStages * kStageBytes, "the epilogue reuses the pipeline's shared memory");
 
 struct GemmParams {
   const uint8_t* a;
@@ -95,7 +75,7 @@ struct GemmParams {
   int64_t n, k;
   float* d;
   bool bf16_out;
-  bool b_tiles;     // b is WeightLayout::block_tiles
+  bool b_tiles;  // b is WeightLayout::block_tiles
 };
 
 // Rows of tile `tile` (of expert e) that hold routed slots; the rest are padding.
@@ -108,19 +88,18 @@ __device__ __forceinline__ int tile_rows(const GemmParams& p, int64_t tile, int3
 
 // The (M tile, N tile) of CTA `cta`. The CTAs of expert e occupy [R_e n_tiles, (R_e + m_e) n_tiles),
 // R_e = row_offset[e] / 64 its first tile and m_e its tile count, so the expert of a CTA is
-// tile_expert[cta / n_tiles] in either order. `local` is the tile's index inside its expert (with
-// the plan) and `tiles` the expert's tile count.
+// tile_expert[cta / n_tiles] in either order.
 struct CtaTile {
-  int64_t tile, n_tile, local, tiles;
+  int64_t tile, n_tile;
   int32_t expert;
 };
 __device__ __forceinline__ CtaTile cta_tile(const GemmParams& p, int64_t cta, int64_t n_tiles) {
   const int64_t t0 = cta / n_tiles;
   const int32_t e = p.tile_expert[t0];
-  if (e < 0 || p.row_offset == nullptr) return {t0, cta % n_tiles, 0, 1, e};
+  if (e < 0 || p.row_offset == nullptr) return {t0, cta % n_tiles, e};
   const int64_t first = p.row_offset[e] / kTileRows, tiles = (p.row_offset[e + 1] - p.row_offset[e]) / kTileRows;
   const int64_t local = cta - first * n_tiles;
-  return {first + local % tiles, local / tiles, local % tiles, tiles, e};
+  return {first + local % tiles, local / tiles, e};
 }
 
 // Where a CTA's weight panel starts, and how K block kb of it is found. Row-major: 128 rows of
@@ -134,12 +113,11 @@ __device__ __forceinline__ WeightPanel weight_panel(const GemmParams& p, int32_t
   return {p.b + panel * kTileCols * p.k, p.b_tiles};  // a panel is 128 K bytes in either layout
 }
 
-// One K block into stage `st`: the 128 x 128 weight panel, `rows` activation rows and their scales.
-template <int kThreads>
-__device__ __forceinline__ void load_stage(uint8_t* st, int act_bytes, const WeightPanel& w, const uint8_t* g_a,
-                                           const float* g_sa, int rows, int64_t k, int64_t k_blocks, int64_t kb,
-                                           int tid) {
-  const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + act_bytes;
+// One K block into stage `st`: the 128 x 128 weight panel, kRows activation rows and their scales.
+template <int kRows>
+__device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, const uint8_t* g_a, const float* g_sa,
+                                           int64_t k, int64_t k_blocks, int64_t kb, int tid) {
+  const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + kActBytes;
   // Chunk i: row i / 8, 16-byte column i % 8: a warp copies 4 whole 128-byte rows, and the
   // swizzle spreads each row's 8 chunks over distinct banks. A block tile is copied as it lies.
   if (w.tiles) {
@@ -156,26 +134,19 @@ __device__ __forceinline__ void load_stage(uint8_t* st, int act_bytes, const Wei
       cp_async_16_l2_256(s_w + swizzle_offset(row, c16), w.base + row * k + kb * kBlockK + c16 * 16);
     }
   }
-  for (int i = tid; i < rows * 8; i += kThreads) {
+  for (int i = tid; i < kRows * 8; i += kThreads) {
     const int row = i >> 3, c16 = i & 7;
     cp_async_16(s_a + swizzle_offset(row, c16), g_a + row * k + kb * kBlockK + c16 * 16);
   }
-  if (tid < rows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
+  if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
 }
 
-// One CTA: output columns [128 n_tile, +128) of rows [row0, row0 + 64 halves) (halves <= kHalves
-// M tiles of `expert`). Warpgroup w computes columns 64 (w mod 2) .. +64 of M tile w / 2.
-template <int kRows, int kHalves>
-__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert,
-                          int halves) {
-  using S = Shape<kRows, kHalves>;
-  constexpr int kThreads = S::kThreads, kStages = S::kStages, kStageBytes = S::kStageBytes;
+template <int kRows>
+__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert) {
   constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
   const int64_t k_blocks = p.k / kBlockK;
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
-  const int g = lane >> 2, t = lane & 3, half = wg >> 1;
-  const bool active = half < halves;  // uniform per warpgroup: wgmma's .aligned forms need that
-  const int act_rows = kHalves == 1 ? kRows : kTileRows * halves;
+  const int g = lane >> 2, t = lane & 3;
 
   const uint8_t* g_a = p.a + row0 * p.k;
   const float* g_sa = p.a_scale + row0 * k_blocks;
@@ -189,114 +160,82 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
   // Prologue: the first kStages - 1 blocks in flight (one commit group per block, empty past the end).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_blocks)
-      load_stage<kThreads>(smem + s * kStageBytes, S::kActBytes, g_w, g_a, g_sa, act_rows, p.k, k_blocks, s, tid);
+    if (s < k_blocks) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
     cp_async_commit();
   }
 
-  int stage = 0;
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    uint8_t* st = smem + stage * kStageBytes;
+    uint8_t* st = smem + (kb % kStages) * kStageBytes;
     const float sb = __ldg(g_sb + kb);
     cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
     fence_async_shared();
     __syncthreads();  // everyone's have, and block kb - 1's stage is free (its wgmma completed)
 
     const int64_t next = kb + kStages - 1;
-    const int next_stage = stage == 0 ? kStages - 1 : stage - 1;  // = next % kStages
-    if (next < k_blocks)
-      load_stage<kThreads>(smem + next_stage * kStageBytes, S::kActBytes, g_w, g_a, g_sa, act_rows, p.k, k_blocks,
-                           next, tid);
+    if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
     cp_async_commit();
 
-    if (active) {
-      // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
-      const uint32_t s_w = smem_addr(st) + (wg & 1) * (kTileCols / 2) * kSwizzleRowBytes,
-                     s_a = smem_addr(st) + kWeightBytes + half * kRows * kSwizzleRowBytes;
-      wgmma_fence();
+    // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
+    const uint32_t s_w = smem_addr(st) + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = smem_addr(st) + kWeightBytes;
+    wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < kBlockK / 32; ++s)
-        wgmma_e4m3<kRows>(part, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait_all();
+    for (int s = 0; s < kBlockK / 32; ++s)
+      wgmma_e4m3<kRows>(part, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait_all();
 
-      // Promote: column c of the fragment is activation row c, scaled by its own sa.
-      const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + S::kActBytes) + half * kRows;
+    // Promote: column c of the fragment is activation row c, scaled by its own sa.
+    const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + kActBytes);
 #pragma unroll
-      for (int j = 0; j < kRows / 8; ++j) {
-        const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
-        acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
-        acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
-        acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
-        acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
-      }
+    for (int j = 0; j < kRows / 8; ++j) {
+      const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
+      acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+      acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
+      acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
+      acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
     }
-    stage = stage == kStages - 1 ? 0 : stage + 1;
   }
   cp_async_wait<0>();
   __syncthreads();  // every stage consumed: the epilogue reuses shared memory
 
-  // Epilogue: the fragments into a [64 halves][128] float tile, rounded to the output precision.
+  // Epilogue: the fragment into a [rows][128] float tile, rounded to the output precision.
   float* tile = reinterpret_cast<float*>(smem);
-  const int col_base = (wg & 1) * (kTileCols / 2) + 16 * warp + g;
-  if (active) {
+  const int col_base = wg * (kTileCols / 2) + 16 * warp + g;
 #pragma unroll
-    for (int j = 0; j < kRows / 8; ++j)
+  for (int j = 0; j < kRows / 8; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = half * kTileRows + 8 * j + 2 * t + (q & 1), col = col_base + 8 * (q >> 1);
-        float v = acc[4 * j + q];
-        if (p.bf16_out) v = __bfloat162float(__float2bfloat16_rn(v));
-        tile[row * kEpiStride + col] = v;
-      }
-  }
+    for (int q = 0; q < 4; ++q) {
+      const int row = 8 * j + 2 * t + (q & 1), col = col_base + 8 * (q >> 1);
+      float v = acc[4 * j + q];
+      if (p.bf16_out) v = __bfloat162float(__float2bfloat16_rn(v));
+      tile[row * kEpiStride + col] = v;
+    }
   __syncthreads();
   float* g_d = p.d + row0 * p.n + n_tile * kTileCols;
-  for (int i = tid; i < halves * kTileRows * (kTileCols / 4); i += kThreads) {
+  for (int i = tid; i < kTileRows * (kTileCols / 4); i += kThreads) {
     const int row = i / (kTileCols / 4), c4 = i % (kTileCols / 4);
-    const float4 v = row % kTileRows < kRows ? *reinterpret_cast<const float4*>(tile + row * kEpiStride + 4 * c4)
-                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows this width skipped: padding
+    const float4 v = row < kRows ? *reinterpret_cast<const float4*>(tile + row * kEpiStride + 4 * c4)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows this width skipped: padding
     *reinterpret_cast<float4*>(g_d + row * p.n + 4 * c4) = v;
   }
 }
 
-__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
-  return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-}
-
-// One CTA per (M tile, N tile); the token width is the smallest of 8, 16, 32, 64 covering the
-// tile's routed rows.
-__global__ void __launch_bounds__(256, 2) sm90_fp8_grouped_gemm_narrow_kernel(GemmParams p, int64_t n_tiles) {
+__global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel(GemmParams p, int64_t n_tiles) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = aligned_smem(smem_raw);
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const CtaTile c = cta_tile(p, blockIdx.x, n_tiles);
   if (c.expert < 0) return;  // past the last tile of this routing
-  const int64_t row0 = c.tile * kTileRows;
-  const int rows = tile_rows(p, c.tile, c.expert);
-  if (rows <= 8) gemm_tile<8, 1>(p, smem, row0, c.n_tile, c.expert, 1);
-  else if (rows <= 16) gemm_tile<16, 1>(p, smem, row0, c.n_tile, c.expert, 1);
-  else if (rows <= 32) gemm_tile<32, 1>(p, smem, row0, c.n_tile, c.expert, 1);
-  else gemm_tile<64, 1>(p, smem, row0, c.n_tile, c.expert, 1);
+  const int32_t expert = c.expert;
+  const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
+  const int rows = tile_rows(p, c.tile, expert);
+  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert);
+  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert);
+  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert);
+  else gemm_tile<64>(p, smem, row0, n_tile, expert);
 #else
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only
-#endif
-}
-
-// The same grid; the CTA of an expert's even local tile computes it and the next one (if the
-// expert has it), the CTA of an odd one returns at once. Needs the plan (row_offset).
-__global__ void __launch_bounds__(512, 1) sm90_fp8_grouped_gemm_wide_kernel(GemmParams p, int64_t n_tiles) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = aligned_smem(smem_raw);
-  const CtaTile c = cta_tile(p, blockIdx.x, n_tiles);
-  if (c.expert < 0 || c.local % 2 != 0) return;  // past the last tile, or the pair's second tile
-  const int halves = c.local + 1 < c.tiles ? 2 : 1;
-  gemm_tile<64, 2>(p, smem, c.tile * kTileRows, c.n_tile, c.expert, halves);
-#else
-  (void)p, (void)n_tiles;
-  __trap();
 #endif
 }
 
@@ -310,8 +249,6 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   require(g.max_tiles >= 1, who, "need max_tiles >= 1");
   require((g.row_offset == nullptr) == (g.expert_count == nullptr), who,
           "row_offset and expert_count come together (or neither)");
-  require(g.tile_shape != GemmTileShape::wide || g.row_offset != nullptr, who,
-          "wide tiles pair an expert's M tiles: they need the plan (row_offset, expert_count)");
   require_ptr(g.a, who, "A codes", 16);
   require_ptr(g.a_scale, who, "A scales", 4);
   require_ptr(g.b, who, "B codes", 16);
@@ -319,24 +256,17 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   require_ptr(g.tile_expert, who, "tile_expert", 4);
   require_ptr(g.d, who, "D", 16);
   static const bool smem_raised = [] {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_narrow_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kNarrowSmem));
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_wide_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSmem));
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)smem_raised;
-  GemmParams p{g.a, g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count, g.n, g.k, g.d,
-               g.out_precision == Precision::bf16, g.b_layout == WeightLayout::block_tiles};
+  GemmParams p{g.a,         g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count,
+               g.n,         g.k,       g.d, g.out_precision == Precision::bf16,
+               g.b_layout == WeightLayout::block_tiles};
   const int64_t n_tiles = g.n / kTileCols;
-  const unsigned grid = grid_x(g.max_tiles * n_tiles, who);
-  if (g.tile_shape == GemmTileShape::wide) {
-    sm90_fp8_grouped_gemm_wide_kernel<<<grid, 512, kWideSmem, stream>>>(p, n_tiles);
-    MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_wide_kernel");
-  } else {
-    sm90_fp8_grouped_gemm_narrow_kernel<<<grid, 256, kNarrowSmem, stream>>>(p, n_tiles);
-    MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_narrow_kernel");
-  }
+  sm90_fp8_grouped_gemm_1d2d_kernel<<<grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream>>>(p, n_tiles);
+  MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_kernel");
 }
 
 }  // namespace moecheck::kernels

@@ -275,8 +275,7 @@ struct GemmProblem {
 
 // The GEMM on p, its weights as given (row_major) or packed on the device into block tiles first.
 std::vector<float> run_gemm(const GemmProblem& p, Precision out,
-                            kernels::WeightLayout layout = kernels::WeightLayout::row_major,
-                            kernels::GemmTileShape shape = kernels::GemmTileShape::narrow) {
+                            kernels::WeightLayout layout = kernels::WeightLayout::row_major) {
   DeviceBuffer<uint8_t> a(p.a), b(p.b), tiles(layout == kernels::WeightLayout::block_tiles ? p.b.size() : 0);
   DeviceBuffer<float> sa(p.sa), sb(p.sb);
   DeviceBuffer<int32_t> te(p.tile_expert), ro(p.row_offset), ec(p.expert_count);
@@ -301,7 +300,6 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out,
   g.k = p.k;
   g.experts = p.experts;
   g.out_precision = out;
-  g.tile_shape = shape;
   g.d = d.get();
   kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -421,13 +419,10 @@ TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
   for (size_t i = 0; i < bi.size(); ++i) p.b[i] = e4m3_encode_satfinite(std::floor(bi[i]));
   p.sa.assign(static_cast<size_t>(p.rows() * (p.k / 128)), 0.5f);
   p.sb.assign(static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), 2.0f);
-  for (auto shape : {kernels::GemmTileShape::narrow, kernels::GemmTileShape::wide}) {
-    CheckReport r;
-    r.what = std::string("exact GEMM with per-expert row counts, ") +
-             (shape == kernels::GemmTileShape::wide ? "wide" : "narrow") + " CTAs";
-    check_gemm(p, run_gemm(p, Precision::f32, kernels::WeightLayout::row_major, shape), Precision::f32, true, r);
-    EXPECT_TRUE(r.ok) << r;
-  }
+  CheckReport r;
+  r.what = "exact GEMM with per-expert row counts";
+  check_gemm(p, run_gemm(p, Precision::f32), Precision::f32, true, r);
+  EXPECT_TRUE(r.ok) << r;
 }
 
 // Realistic codes and scales: every output element equal, bit for bit, to the measured model of
@@ -467,10 +462,9 @@ TEST(GpuGemm, MatchesTheMeasuredWgmmaModelBitForBit) {
 
 // The packed layout moves bytes only: tile (e, n block, k block) holds row r, 16-byte chunk c of
 // that block at byte 128 r + 16 (c ^ (r mod 8)) (moe_stages.hpp), checked byte for byte on the
-// host. And the GEMM gives the same bits on either layout and either CTA shape: experts of 1, 2
-// and 3 M tiles (wide CTAs: a lone tile, a pair, a pair and a lone one) whose last tiles hold 9,
-// 1, 22 and 64 rows (narrow token widths 16, 8, 32, 64), both output precisions.
-TEST(GpuGemm, EveryWeightLayoutAndTileShapeGivesTheSameBits) {
+// host. And the GEMM gives the same bits on either layout: experts of 1, 2 and 3 M tiles whose
+// last tiles hold 9, 1, 22 and 64 rows (token widths 16, 8, 32, 64), both output precisions.
+TEST(GpuGemm, BlockTileWeightsGiveTheRowMajorBits) {
   MOECHECK_REQUIRE_GPU();
   GemmProblem p = realistic_problem(41, 4, 384, 640, {0, 1, 1, 2, 2, 2, 3, -1});
   p.row_offset = {0, 64, 192, 384, 448};
@@ -496,25 +490,18 @@ TEST(GpuGemm, EveryWeightLayoutAndTileShapeGivesTheSameBits) {
       }
   EXPECT_EQ(misplaced, 0) << "bytes of the packed tiles not where the layout puts them";
 
-  using kernels::GemmTileShape;
-  using kernels::WeightLayout;
   for (auto out : {Precision::f32, Precision::bf16}) {
-    const std::vector<float> base = run_gemm(p, out);  // row-major, narrow: the version the other tests pin
+    const std::vector<float> base = run_gemm(p, out);  // row-major: the version the other tests pin
     CheckReport r;
     r.what = std::string("GEMM within bound, out ") + std::string(to_string(out));
     check_gemm(p, base, out, false, r);
     EXPECT_TRUE(r.ok) << r;
-    for (auto layout : {WeightLayout::row_major, WeightLayout::block_tiles})
-      for (auto shape : {GemmTileShape::narrow, GemmTileShape::wide}) {
-        const std::vector<float> d = run_gemm(p, out, layout, shape);
-        ASSERT_EQ(d.size(), base.size());
-        int64_t differ = 0;
-        for (size_t i = 0; i < d.size(); ++i) differ += std::memcmp(&d[i], &base[i], 4) != 0;
-        EXPECT_EQ(differ, 0) << "outputs (" << to_string(out) << ", "
-                             << (layout == WeightLayout::block_tiles ? "block tiles" : "row-major") << ", "
-                             << (shape == GemmTileShape::wide ? "wide" : "narrow")
-                             << ") differing from the row-major narrow GEMM's (skipped tiles keep their poison)";
-      }
+    const std::vector<float> d = run_gemm(p, out, kernels::WeightLayout::block_tiles);
+    ASSERT_EQ(d.size(), base.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < d.size(); ++i) differ += std::memcmp(&d[i], &base[i], 4) != 0;
+    EXPECT_EQ(differ, 0) << "outputs (" << to_string(out) << ") of block-tile weights differing from row-major's "
+                         << "(skipped tiles keep their poison)";
   }
 }
 
