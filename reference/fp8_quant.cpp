@@ -78,6 +78,10 @@ void quantize_span(const float* x, int64_t n, float s, QuantDivide d, uint8_t* c
 
 }  // namespace
 
+void quantize_with_scale(const float* x, int64_t n, float s, QuantDivide d, uint8_t* codes) {
+  quantize_span(x, n, s, d, codes);
+}
+
 float group_scale(float amax, ScaleFormat fmt, double eps) {
   check_eps(eps);
   const double floored = std::isnan(amax) ? static_cast<double>(amax) : std::max(static_cast<double>(amax), eps);

@@ -55,6 +55,9 @@ struct ActQuantRule {
 ActQuantRule act_quant_rule(const MoeConfig& c);
 // Scale of one group from its amax under the rule (0 for a zero group without a floor).
 float group_scale(float amax, const ActQuantRule& r);
+// Codes of n elements on a given scale, as the rule's quantization forms them: e4m3 satfinite of
+// fl32(x / s) (divide) or fl32(x * fl32(1 / s)) (reciprocal); zero codes for s = 0.
+void quantize_with_scale(const float* x, int64_t n, float s, QuantDivide d, uint8_t* codes);
 
 struct GroupQuantized {
   int64_t rows = 0, cols = 0, group = 0;

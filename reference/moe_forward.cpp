@@ -291,6 +291,7 @@ struct Scratch {
   // Noise model: the relative variance of each group's float32 scale [n, I/G] and the projection of
   // each group's part of GEMM2 on the slot output [n, I/G] (BUDGETS.md §7).
   RowMat gsv, gproj;
+  RowMat jup, jdn, jp;  // noise model: the groups' scale jumps [n, I], [n, I], [n, I/G] (ScaleJumps)
   GroupProjection grp;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
@@ -514,6 +515,7 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
   s.hcodes.resize(I);
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n), s.gsv.setZero(n, ig);
+  if (budget) s.jup.setZero(n, I), s.jdn.setZero(n, I), s.jp.setZero(n, ig);
   const bool requant = budget && bc.requant.r;
   if (requant) {
     s.hq.resize(n, I), s.hdelta.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
@@ -548,9 +550,10 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       double* hv = s.hvar.row(r).data();
       RequantMoments moments;
       if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
+      const ScaleJumps jumps{s.jup.row(r).data(), s.jdn.row(r).data(), s.jp.row(r).data()};
       intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
                              s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr,
-                             s.gsv.row(r).data());
+                             s.gsv.row(r).data(), &jumps);
       for (int64_t i = 0; i < I; ++i) {
         const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
         hv[i] += promotion;
@@ -653,6 +656,15 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
       // of e (§10.2 step 4; one amax element's bf16 crossing makes e a bf16 step: measured, gate
       // --backend cuda seed 47 case 1373, a one-group slot 0.8% low). Groups are independent.
       for (int64_t g = 0; g < s.gsv.cols(); ++g) sys += s.gsv(r, g) * s.gproj(r, g) * s.gproj(r, g);
+      // A jump of a group's scale (ScaleJumps): its whole change of h_deq, projected on y through
+      // W2 exactly as the flips above, <W2 dh, y> = sum_i dh_i (y W2)_i.
+      for (int64_t g = 0; g < s.jp.cols(); ++g) {
+        if (!(s.jp(r, g) > 0)) continue;
+        double a_up = 0, a_dn = 0;
+        for (int64_t i = g * G; i < std::min(I, (g + 1) * G); ++i)
+          a_up += s.jup(r, i) * s.yw(r, i), a_dn += s.jdn(r, i) * s.yw(r, i);
+        sys += jump_var(s.jp(r, g), a_up, a_dn);
+      }
       bc.slot_sys[job.slots[r]] = std::sqrt(sys);
       const int64_t slot = job.slots[r];
       if (requant) {
@@ -661,6 +673,11 @@ void run_expert(const MoeProblem& p, Tier tier, const ExpertView& w, const Exper
         std::copy_n(s.hdelta.row(r).data(), I, bc.requant.delta + slot * I);
         std::copy_n(s.hmean.row(r).data(), I, bc.requant.hmean + slot * I);
         std::copy_n(s.hmb.row(r).data(), I, bc.requant.hmean_bound + slot * I);
+        std::copy_n(s.h.row(r).data(), I, bc.requant.h + slot * I);
+        std::copy_n(s.gsv.row(r).data(), s.gsv.cols(), bc.requant.group_scale_var + slot * s.gsv.cols());
+        std::copy_n(s.jup.row(r).data(), I, bc.requant.jump_up + slot * I);
+        std::copy_n(s.jdn.row(r).data(), I, bc.requant.jump_dn + slot * I);
+        std::copy_n(s.jp.row(r).data(), s.jp.cols(), bc.requant.jump_p + slot * s.jp.cols());
       }
     }
     if (bc.ideal) std::copy_n(s.qy.row(r).data(), H, slot_ideal + job.slots[r] * H);
@@ -727,7 +744,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   BudgetCtx bc;
   std::vector<double> act_dev;
   std::vector<float> requant_r;                  // §10.7 per slot (requant_projection.hpp)
-  std::vector<double> requant_hvar, requant_hmean, requant_hmb, requant_delta;
+  std::vector<double> requant_hvar, requant_hmean, requant_hmb, requant_delta, requant_h, requant_gsv;
+  std::vector<double> requant_jup, requant_jdn, requant_jp;
   if (model) {
     bc.model = model;
     bc.chunked = uses_chunked_truncation(model->acc);
@@ -768,6 +786,10 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     requant_hmean.assign(requant_hvar.size(), 0.0);
     requant_hmb.assign(requant_hvar.size(), 0.0);
     requant_delta.assign(requant_hvar.size(), 0.0);
+    requant_h.assign(requant_hvar.size(), 0.0);
+    requant_gsv.assign(static_cast<size_t>(T * k * ceil_div(c.intermediate_size, c.group_size)), 0.0);
+    requant_jup.assign(requant_hvar.size(), 0.0), requant_jdn.assign(requant_hvar.size(), 0.0);
+    requant_jp.assign(requant_gsv.size(), 0.0);
   }
 
   bc.ideal = ideal_bound;
@@ -818,7 +840,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     // With a model the chunk is every token (keep_slots), so slot indices are global.
     if (model && opt.requant_terms)
       bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data(),
-                    requant_delta.data()};
+                    requant_delta.data(), requant_h.data(), requant_gsv.data(), requant_jup.data(),
+                    requant_jdn.data(),   requant_jp.data()};
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {

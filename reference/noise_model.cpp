@@ -1,6 +1,8 @@
 // The statistical error model's building blocks (noise_model.hpp; BUDGETS.md §10).
 #include "reference/noise_model.hpp"
 
+#include <bit>
+
 #include <algorithm>
 #include <cmath>
 
@@ -95,10 +97,29 @@ double rounded_noise_var(double v, double vr, double var, Precision p) {
 
 double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * std::max(tests, 1.0) / alpha)); }
 
+namespace {
+// The neighbour of float v one step of precision p away in magnitude (dir +1 up, -1 down):
+// v's bits +- one unit of p's last place (bf16: bit 16), toward or away from zero.
+float magnitude_step(float v, Precision p, int dir) {
+  const uint32_t unit = p == Precision::bf16 ? 0x10000u : 1u;
+  const uint32_t b = std::bit_cast<uint32_t>(v);
+  return std::bit_cast<float>(dir > 0 ? b + unit : b - unit);
+}
+
+// h_deq(the group's values h, re-quantized on scale s_new) - h_deq(as the reference quantized it:
+// codes on scale s), for the n elements of one group (the rule's own quantization).
+void jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const uint8_t* codes, double s, double* out) {
+  std::vector<uint8_t> mc(static_cast<size_t>(n));
+  quantize_with_scale(h, n, s_new, d, mc.data());
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = double(e4m3_decode(mc[size_t(i)])) * double(s_new) - double(e4m3_decode(codes[i])) * s;
+}
+}  // namespace
+
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var, const RequantMoments* rq,
-                            double* scale_rel_var) {
+                            double* scale_rel_var, const ScaleJumps* jumps) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
@@ -130,6 +151,10 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     const double amax = std::fabs(h[jmax]), vamax = vh[size_t(jmax)];
     const bool floored = rule.floor == ActScaleFloor::eps && amax < rule.eps;
     if (scale_rel_var) scale_rel_var[g0 / G] = 0;
+    if (jumps) {
+      std::fill_n(jumps->up + g0, n, 0.0), std::fill_n(jumps->dn + g0, n, 0.0);
+      jumps->p[g0 / G] = 0;
+    }
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
       for (int64_t i = g0; i < g0 + n; ++i) {
         var[i] = worst_dev[i] * worst_dev[i];
@@ -146,21 +171,39 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       const double dsl = m.scale_ulps * kU32 * s;
       if (rule.format == ScaleFormat::f32) {
         vs = (s / amax) * (s / amax) * vamax + dsl * dsl;
-        if (scale_rel_var) {
-          // The shared factor's variance: the continuous part vs / s^2, and the amax element's own
-          // rounding to intermediate_dtype, which, where the device's value may leave its cell, moves
-          // amax (and every dequantized element of the group) by a whole step: a rare jump J, not a
-          // Gaussian term, so it enters at Hoeffding's proxy for a variable of range J, J^2 / 4, plus
-          // its mean p J squared, wherever p is not negligible (> 1e-12).
+        // The shared factor's continuous part, vs / s^2. The amax element's own rounding to
+        // intermediate_dtype, where the device's value may leave its cell, moves amax by a whole
+        // step and re-quantizes the group (ScaleJumps): measured, gate --backend cuda seed 45
+        // cases 403 and 639 (one-group slots; amax a bf16 step low, the scale 0.6% low, and every
+        // code within 0.6% below a rounding boundary one step up: the slot 2.8% high).
+        if (scale_rel_var) scale_rel_var[g0 / G] = vs / (s * s);
+        if (jumps) {
           const size_t j = size_t(jmax);
           const CellExit x = ip == Precision::bf16 ? cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 7, -126)
                                                    : cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 23, -126);
-          const double jump = x.step / amax;
-          scale_rel_var[g0 / G] = vs / (s * s) + (x.p > 1e-12 ? jump * jump / 4 + (x.p * jump) * (x.p * jump) : 0.0);
+          if (x.p > 1e-12) {
+            // The device's amax is the neighbour; the others keep their values.
+            jumps->p[g0 / G] = x.p;
+            const Precision jp = ip == Precision::bf16 ? Precision::bf16 : Precision::f32;
+            std::vector<float> moved(h + g0, h + g0 + n);
+            for (int dir : {+1, -1}) {
+              moved[size_t(jmax - g0)] = magnitude_step(h[jmax], jp, dir);
+              const float s_new = group_scale(magnitude_step(std::fabs(h[jmax]), jp, dir), rule);
+              jumped_group(moved.data(), n, s_new, rule.divide, codes + g0, s, (dir > 0 ? jumps->up : jumps->dn) + g0);
+            }
+          }
         }
       } else {
         const double va = vamax + (448 * dsl) * (448 * dsl);
         p_up = crossing_probability(448.0 * s - amax, va), p_dn = crossing_probability(amax - 224.0 * s, va);
+        // The doubled or halved scale re-quantizes the whole group (ScaleJumps): every element
+        // rounds on the other grid, a change shared by the group's projections (measured: gate
+        // --backend cuda seed 45 case 639, a one-group slot 2.5% off, beta -0.7%).
+        if (jumps && (p_up > 1e-12 || p_dn > 1e-12)) {
+          jumps->p[g0 / G] = std::min(1.0, p_up + p_dn);
+          if (p_up > 1e-12) jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->up + g0);
+          if (p_dn > 1e-12) jumped_group(h + g0, n, float(s / 2), rule.divide, codes + g0, s, jumps->dn + g0);
+        }
       }
     }
     for (int64_t i = g0; i < g0 + n; ++i) {

@@ -49,19 +49,43 @@ double rounded_noise_var(double v, double vr, double var, Precision p);
 // reference's code times the group's scale, the size of one code's move in h's units (where the
 // model does not apply: worst_dev).
 // scale_rel_var, when given [ceil(I/G)]: per group the variance of the device's float32 scale
-// relative to the reference's, (vs / s)^2 of §10.2 step 4 (0 for UE8M0 scales and where the model
-// does not apply). Unlike a code's crossing, that deviation is shared by every element of the
-// group: the dequantized group moves as a whole, by that factor (BUDGETS.md §7).
+// relative to the reference's, (vs / s)^2 of §10.2 step 4, its continuous part (0 for UE8M0
+// scales and where the model does not apply). Unlike a code's crossing, that deviation is shared
+// by every element of the group: the dequantized group moves as a whole, by that factor
+// (BUDGETS.md §7).
+// jumps, when given: ScaleJumps below.
 struct RequantMoments {
   double* mean = nullptr;
   double* mean_bound = nullptr;
   double* var = nullptr;
   double* cell = nullptr;
 };
+// A float32 scale's jump (BUDGETS.md §7): where the device's amax element may leave its own
+// rounding cell of intermediate_dtype (probability p > 1e-12), amax moves by a whole step and the
+// scale with it, and the group is re-quantized on the moved scale: every code keeps its value
+// times the new scale except those within that step of a rounding boundary, which all move one
+// code step the same way. Not a small Gaussian term: the whole change of the group's dequantized
+// intermediate is kept, for amax one step up and one step down, so that its projections can be
+// taken exactly. up, dn [I]: h_deq(moved scale) - h_deq (0 in groups that do not jump);
+// p [ceil(I/G)]: the probability that amax leaves its cell (0: no jump).
+struct ScaleJumps {
+  double* up = nullptr;
+  double* dn = nullptr;
+  double* p = nullptr;
+};
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
-                            const double* worst_dev, double* var,
-                            const RequantMoments* rq = nullptr, double* scale_rel_var = nullptr);
+                            const double* worst_dev, double* var, const RequantMoments* rq = nullptr,
+                            double* scale_rel_var = nullptr, const ScaleJumps* jumps = nullptr);
+
+// The variance proxy of a jump whose effect on a statistic is a_up (amax a step up) or a_dn (a
+// step down), with probability p of either: Hoeffding's proxy for a variable of that range,
+// range^2 / 4, plus its mean p range squared (BUDGETS.md §7). 0 when p is 0.
+inline double jump_var(double p, double a_up, double a_dn) {
+  if (!(p > 0)) return 0.0;
+  const double r = a_up * a_up > a_dn * a_dn ? a_up : a_dn;
+  return r * r / 4 + (p * r) * (p * r);
+}
 
 // The sigma multiple at which a sub-Gaussian test of `tests` statistics has a false-alarm
 // probability of at most `alpha` in all (two-sided, union bound): sqrt(2 ln(2 tests / alpha)).
@@ -73,7 +97,9 @@ constexpr double kFalseAlarmPerOutput = 1e-6;
 // The revision of the terms a stored reference carries (noise_var, slot_noise_var,
 // slot_flip_projection, the re-quantization terms): a stored /reference/quantized is reused only
 // when its attribute noise_model equals this (golden/FORMAT.md). Raised whenever those terms
-// change meaning; "2": the flip projections hold the groups' shared scale term (BUDGETS.md §7).
-inline constexpr const char* kNoiseModelRevision = "2";
+// change meaning; "2": the flip projections hold the groups' shared scale term (BUDGETS.md §7);
+// "3": that term's jumps re-quantize the group (ScaleJumps), and the re-quantization test's
+// variance holds the groups' shared terms and jumps too.
+inline constexpr const char* kNoiseModelRevision = "3";
 
 }  // namespace moecheck

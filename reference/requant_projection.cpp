@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "reference/noise_model.hpp"
 #include "reference/parallel_jobs.hpp"
 #include "reference/weight_panel.hpp"
 
@@ -58,8 +59,8 @@ struct Workspace {
 void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& in, const std::vector<double>& dir,
                     const ExpertView& w, const std::vector<int64_t>& slots, Workspace& ws, double* slot_signal,
                     double* slot_var, double* slot_mean, double* slot_bound) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, k = c.top_k;
-  const int64_t n = static_cast<int64_t>(slots.size());
+  const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, k = c.top_k, G = c.group_size;
+  const int64_t n = static_cast<int64_t>(slots.size()), ng = (I + G - 1) / G;
   ws.R.resize(n, H);
   for (int64_t r = 0; r < n; ++r)
     std::copy_n(dir.data() + (slots[size_t(r)] / k) * H, H, ws.R.row(r).data());
@@ -78,6 +79,8 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
     const double* hm = in.hmean + slot * I;
     const double* hb = in.hmean_bound + slot * I;
     const double* dl = in.delta + slot * I;
+    const double* h = in.h + slot * I;
+    const double* gsv = in.group_scale_var + slot * ng;
     double sig = 0, v = 0, m = 0, b = 0;
     for (int64_t i = 0; i < I; ++i) {
       const double g = ws.G(r, i);
@@ -85,6 +88,17 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
       v += hv[i] * g * g;
       m += hm[i] * g;
       b += hb[i] * std::fabs(g);
+    }
+    const double* jup = in.jump_up + slot * I;
+    const double* jdn = in.jump_dn + slot * I;
+    const double* jp = in.jump_p + slot * ng;
+    for (int64_t gi = 0; gi < ng; ++gi) {  // the groups' shared scale deviations and jumps
+      double proj = 0, a_up = 0, a_dn = 0;
+      for (int64_t i = gi * G; i < std::min(I, (gi + 1) * G); ++i) {
+        const double g = ws.G(r, i);
+        proj += h[i] * g, a_up += jup[i] * g, a_dn += jdn[i] * g;
+      }
+      v += gsv[gi] * proj * proj + jump_var(jp[gi], a_up, a_dn);
     }
     slot_signal[slot] = wj * sig;
     slot_var[slot] = wj * wj * v;

@@ -14,7 +14,12 @@
 // the projection that come from the intermediate's deviations X_{j,i} (which move every output
 // element of slot j at once, so the elements' own variances do not describe their projection):
 //   signal_t = <r_t, q_t> = sum_{j,i} w_j delta_{j,i} g_{j,i},   g_j = W2_j^T q_t,
-//   var_t  = sum_{j,i} w_j^2 var(X_{j,i}) g_{j,i}^2              (exact projections),
+//   var_t  = sum_{j,i} w_j^2 var(X_{j,i}) g_{j,i}^2              (exact projections)
+//            + sum_{j,g} w_j^2 Var(e_{j,g}) (sum_{i in g} h_{j,i} g_{j,i})^2   (a group's float32
+//            scale off by a factor 1 + e moves its whole part of y by e, BUDGETS.md §7: shared by
+//            the group, so its projection is the group's sum; groups independent)
+//            + sum_{j,g} w_j^2 jump_var(p_g, <dh_up, g_j>_g, <dh_dn, g_j>_g)   (the scale's jumps
+//            re-quantize the group: ScaleJumps),
 //   mean_t = sum_{j,i} w_j E X_{j,i} g_{j,i}            (E <X's share of d_t, q_t>, signed: the
 //            crossings move toward the nearer cell boundary, against delta, coherently),
 //   mean_bound_t = sum_{j,i} |w_j| hmean_bound_{j,i} |g_{j,i}|  (what has no known sign).
@@ -35,6 +40,11 @@ struct RequantSlots {
   double* hmean = nullptr;  // [T*k, I] E X_{j,i}
   double* hmean_bound = nullptr;  // [T*k, I] |E X_{j,i} - hmean| <= hmean_bound
   double* delta = nullptr;        // [T*k, I] h_deq - h
+  double* h = nullptr;            // [T*k, I] h_deq, GEMM2's input
+  double* group_scale_var = nullptr;  // [T*k, ceil(I/G)] Var(e_g) of each group's float32 scale (§7)
+  double* jump_up = nullptr;          // [T*k, I], [T*k, I], [T*k, ceil(I/G)]: the groups' scale
+  double* jump_dn = nullptr;          //   jumps (noise_model.hpp ScaleJumps)
+  double* jump_p = nullptr;
 };
 
 // The test direction's weight of one intermediate whose crossings' second moment is var and
