@@ -1,9 +1,8 @@
 // The statistical error model's building blocks (noise_model.hpp; BUDGETS.md §10).
 #include "reference/noise_model.hpp"
 
-#include <bit>
-
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "reference/fp8_formats.hpp"
@@ -174,8 +173,8 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
         // The shared factor's continuous part, vs / s^2. The amax element's own rounding to
         // intermediate_dtype, where the device's value may leave its cell, moves amax by a whole
         // step and re-quantizes the group (ScaleJumps): measured, gate --backend cuda seed 45
-        // cases 403 and 639 (one-group slots; amax a bf16 step low, the scale 0.6% low, and every
-        // code within 0.6% below a rounding boundary one step up: the slot 2.8% high).
+        // case 403 (a one-group slot; amax a bf16 step low, the scale 0.6% low, and every code
+        // within 0.6% below a rounding boundary one step up: the slot 2.8% high).
         if (scale_rel_var) scale_rel_var[g0 / G] = vs / (s * s);
         if (jumps) {
           const size_t j = size_t(jmax);
@@ -197,8 +196,8 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
         const double va = vamax + (448 * dsl) * (448 * dsl);
         p_up = crossing_probability(448.0 * s - amax, va), p_dn = crossing_probability(amax - 224.0 * s, va);
         // The doubled or halved scale re-quantizes the whole group (ScaleJumps): every element
-        // rounds on the other grid, a change shared by the group's projections (measured: gate
-        // --backend cuda seed 45 case 639, a one-group slot 2.5% off, beta -0.7%).
+        // rounds on the other grid, a change shared by the group's projections, as for the
+        // float32 scale's jump above.
         if (jumps && (p_up > 1e-12 || p_dn > 1e-12)) {
           jumps->p[g0 / G] = std::min(1.0, p_up + p_dn);
           if (p_up > 1e-12) jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->up + g0);
