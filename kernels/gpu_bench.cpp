@@ -147,12 +147,13 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   fill_float(s13.p, s13_n, o.seed * 8 + 3, 1.0f / 128, true);
   fill_float(s2.p, s2_n, o.seed * 8 + 4, 1.0f / 128, true);
   // The cuda backend reads its own weight layout (made once, not timed); cublaslt the row-major one.
+  // Packed on the default stream, after the fills there (s does not wait for that stream).
   const bool tiles = o.backend == GpuBackend::cuda;
   std::unique_ptr<DeviceBuffer> t13, t2;
   if (tiles) {
     t13 = std::make_unique<DeviceBuffer>(w13_n), t2 = std::make_unique<DeviceBuffer>(w2_n);
-    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13->as<uint8_t>(), s);
-    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2->as<uint8_t>(), s);
+    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13->as<uint8_t>(), nullptr);
+    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2->as<uint8_t>(), nullptr);
   }
   const int sets = std::max(1, o.input_sets);
   DeviceBuffer hidden(2 * size_t(T_max * H) * sets), logits(4 * size_t(T_max * E) * sets),
