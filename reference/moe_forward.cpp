@@ -291,7 +291,9 @@ struct Scratch {
   // Noise model: the relative variance of each group's float32 scale [n, I/G] and the projection of
   // each group's part of GEMM2 on the slot output [n, I/G] (BUDGETS.md §7).
   RowMat gsv, gproj;
-  RowMat jup, jdn, jp;  // noise model: the groups' scale jumps [n, I], [n, I], [n, I/G] (ScaleJumps)
+  // Noise model: the groups' scale jumps (ScaleJumps): h_deq's changes [n, I], their moved codes'
+  // parts [n, I], the probabilities and the scales' relative moves [n, I/G].
+  RowMat jup, jdn, jcup, jcdn, jp, jrup, jrdn;
   GroupProjection grp;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
@@ -583,10 +585,17 @@ void intermediate_noise_row(const ExpertRun& e, int64_t r, int64_t gate0, int64_
   double* hv = s.hvar.row(r).data();
   RequantMoments moments;
   if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
-  const ScaleJumps jumps{s.jup.row(r).data(), s.jdn.row(r).data(), s.jp.row(r).data()};
+  const ScaleJumps jumps{s.jup.row(r).data(),  s.jdn.row(r).data(),  s.jp.row(r).data(),  s.jrup.row(r).data(),
+                         s.jrdn.row(r).data(), s.jcup.row(r).data(), s.jcdn.row(r).data()};
   intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
                          s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr,
                          s.gsv.row(r).data(), &jumps);
+  // GEMM2's back product y W2 is taken at the flips' columns only (when they are few): the codes a
+  // jump moves join them, with no flip of their own (dh 0).
+  std::vector<char> listed(size_t(I), 0);
+  for (const auto& f : s.flips[r]) listed[size_t(f.first)] = 1;
+  for (int64_t i = 0; i < I; ++i)
+    if (!listed[size_t(i)] && (s.jcup(r, i) != 0 || s.jcdn(r, i) != 0)) s.flips[r].push_back({i, 0.0});
   for (int64_t i = 0; i < I; ++i) {
     const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
     hv[i] += promotion;
@@ -650,7 +659,8 @@ void expert_intermediates(const ExpertRun& e) {
   s.hcodes.resize(I);
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n), s.gsv.setZero(n, ig);
-  if (budget) s.jup.setZero(n, I), s.jdn.setZero(n, I), s.jp.setZero(n, ig);
+  if (budget) s.jup.setZero(n, I), s.jdn.setZero(n, I), s.jcup.setZero(n, I), s.jcdn.setZero(n, I);
+  if (budget) s.jp.setZero(n, ig), s.jrup.setZero(n, ig), s.jrdn.setZero(n, ig);
   if (e.requant()) {
     s.hq.resize(n, I), s.hdelta.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
     s.hcell.resize(n, I);
@@ -733,13 +743,14 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I) {
   // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance
   // of e's continuous part (§10.2 step 4). Groups are independent.
   for (int64_t g = 0; g < s.gsv.cols(); ++g) sys += s.gsv(r, g) * s.gproj(r, g) * s.gproj(r, g);
-  // A jump of a group's scale (ScaleJumps): its whole change of h_deq, projected on y through
-  // W2 exactly as the flips above, <W2 dh, y> = sum_i dh_i (y W2)_i.
+  // A jump of a group's scale (ScaleJumps): its whole change of h_deq projected on y through
+  // W2, <W2 dh, y> = sum_i dh_i (y W2)_i: the scale's share rel <y_g, y> plus the moved codes'
+  // (y W2 is taken at their columns: they are listed with the flips).
   for (int64_t g = 0; g < s.jp.cols(); ++g) {
     if (!(s.jp(r, g) > 0)) continue;
-    double a_up = 0, a_dn = 0;
+    double a_up = s.jrup(r, g) * s.gproj(r, g), a_dn = s.jrdn(r, g) * s.gproj(r, g);
     for (int64_t i = g * G; i < std::min(I, (g + 1) * G); ++i)
-      a_up += s.jup(r, i) * s.yw(r, i), a_dn += s.jdn(r, i) * s.yw(r, i);
+      a_up += s.jcup(r, i) * s.yw(r, i), a_dn += s.jcdn(r, i) * s.yw(r, i);
     sys += jump_var(s.jp(r, g), a_up, a_dn);
   }
   return std::sqrt(sys);

@@ -106,12 +106,18 @@ float magnitude_step(float v, Precision p, int dir) {
 }
 
 // h_deq(the group's values h, re-quantized on scale s_new) - h_deq(as the reference quantized it:
-// codes on scale s), for the n elements of one group (the rule's own quantization).
-void jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const uint8_t* codes, double s, double* out) {
+// codes on scale s), for the n elements of one group (the rule's own quantization): out, and
+// its split, s_new / s - 1 (returned) and the moved codes' part code_part.
+double jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const uint8_t* codes, double s, double* out,
+                    double* code_part) {
   std::vector<uint8_t> mc(static_cast<size_t>(n));
   quantize_with_scale(h, n, s_new, d, mc.data());
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = double(e4m3_decode(mc[size_t(i)])) * double(s_new) - double(e4m3_decode(codes[i])) * s;
+  for (int64_t i = 0; i < n; ++i) {
+    const double c_new = double(e4m3_decode(mc[size_t(i)])), c = double(e4m3_decode(codes[i]));
+    out[i] = c_new * double(s_new) - c * s;
+    code_part[i] = (c_new - c) * double(s_new);
+  }
+  return double(s_new) / s - 1;
 }
 }  // namespace
 
@@ -152,7 +158,8 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     if (scale_rel_var) scale_rel_var[g0 / G] = 0;
     if (jumps) {
       std::fill_n(jumps->up + g0, n, 0.0), std::fill_n(jumps->dn + g0, n, 0.0);
-      jumps->p[g0 / G] = 0;
+      std::fill_n(jumps->code_up + g0, n, 0.0), std::fill_n(jumps->code_dn + g0, n, 0.0);
+      jumps->p[g0 / G] = jumps->rel_up[g0 / G] = jumps->rel_dn[g0 / G] = 0;
     }
     if (!(s > 0) || (rule.floor != ActScaleFloor::eps && amax == 0)) {
       for (int64_t i = g0; i < g0 + n; ++i) {
@@ -187,8 +194,13 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
             std::vector<float> moved(h + g0, h + g0 + n);
             for (int dir : {+1, -1}) {
               moved[size_t(jmax - g0)] = magnitude_step(h[jmax], jp, dir);
-              const float s_new = group_scale(magnitude_step(std::fabs(h[jmax]), jp, dir), rule);
-              jumped_group(moved.data(), n, s_new, rule.divide, codes + g0, s, (dir > 0 ? jumps->up : jumps->dn) + g0);
+              float moved_amax = 0;  // another element may tie with amax: the device's amax then stays
+              for (const float v : moved) moved_amax = std::max(moved_amax, std::fabs(v));
+              const float s_new = group_scale(moved_amax, rule);
+              const bool up = dir > 0;
+              (up ? jumps->rel_up : jumps->rel_dn)[g0 / G] =
+                  jumped_group(moved.data(), n, s_new, rule.divide, codes + g0, s, (up ? jumps->up : jumps->dn) + g0,
+                               (up ? jumps->code_up : jumps->code_dn) + g0);
             }
           }
         }
@@ -200,8 +212,12 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
         // float32 scale's jump above.
         if (jumps && (p_up > 1e-12 || p_dn > 1e-12)) {
           jumps->p[g0 / G] = std::min(1.0, p_up + p_dn);
-          if (p_up > 1e-12) jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->up + g0);
-          if (p_dn > 1e-12) jumped_group(h + g0, n, float(s / 2), rule.divide, codes + g0, s, jumps->dn + g0);
+          if (p_up > 1e-12)
+            jumps->rel_up[g0 / G] =
+                jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->up + g0, jumps->code_up + g0);
+          if (p_dn > 1e-12)
+            jumps->rel_dn[g0 / G] =
+                jumped_group(h + g0, n, float(s / 2), rule.divide, codes + g0, s, jumps->dn + g0, jumps->code_dn + g0);
         }
       }
     }

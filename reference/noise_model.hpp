@@ -14,6 +14,8 @@
 // crossing probability times the squared step, centred on vr.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "reference/moe_budget.hpp"
@@ -66,25 +68,35 @@ struct RequantMoments {
 // times the new scale except those within that step of a rounding boundary, which all move one
 // code step the same way. Not a small Gaussian term: the whole change of the group's dequantized
 // intermediate is kept, for amax one step up and one step down, so that its projections can be
-// taken exactly. up, dn [I]: h_deq(moved scale) - h_deq (0 in groups that do not jump);
-// p [ceil(I/G)]: the probability that amax leaves its cell (0: no jump).
+// taken exactly. up, dn [I]: h_deq(moved scale) - h_deq (0 in groups that do not jump); the
+// same split as rel_up, rel_dn [ceil(I/G)] (moved scale / scale - 1: every code's share) plus
+// code_up, code_dn [I] (the codes that moved: (new code - code) x moved scale, 0 elsewhere);
+// p [ceil(I/G)]: the probability that amax leaves its cell (float32 scales) or its binade (UE8M0
+// scales: the scale doubles or halves), 0: no jump. For UE8M0 the elements' own scale terms stay
+// in var as well (counted twice: conservative).
 struct ScaleJumps {
   double* up = nullptr;
   double* dn = nullptr;
   double* p = nullptr;
+  double* rel_up = nullptr;
+  double* rel_dn = nullptr;
+  double* code_up = nullptr;
+  double* code_dn = nullptr;
 };
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var, const RequantMoments* rq = nullptr,
                             double* scale_rel_var = nullptr, const ScaleJumps* jumps = nullptr);
 
-// The variance proxy of a jump whose effect on a statistic is a_up (amax a step up) or a_dn (a
-// step down), with probability p of either: Hoeffding's proxy for a variable of that range,
-// range^2 / 4, plus its mean p range squared (BUDGETS.md §7). 0 when p is 0.
+// The variance proxy of a jump whose effect on a statistic is a_up (amax a step up), a_dn (a
+// step down) or 0 (no jump), with probability p of a jump: Hoeffding's proxy for a variable of
+// that range, range^2 / 4, plus its mean, at most p times the larger effect, squared (BUDGETS.md
+// §7). 0 when p is 0.
 inline double jump_var(double p, double a_up, double a_dn) {
   if (!(p > 0)) return 0.0;
-  const double r = a_up * a_up > a_dn * a_dn ? a_up : a_dn;
-  return r * r / 4 + (p * r) * (p * r);
+  const double range = std::max({a_up, a_dn, 0.0}) - std::min({a_up, a_dn, 0.0});
+  const double mean = p * std::max(std::fabs(a_up), std::fabs(a_dn));
+  return range * range / 4 + mean * mean;
 }
 
 // The sigma multiple at which a sub-Gaussian test of `tests` statistics has a false-alarm
