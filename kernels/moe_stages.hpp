@@ -80,13 +80,7 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
                         int64_t hidden, int64_t top_k, const PermuteCapacity& cap, const PermutePlan& plan,
                         uint8_t* a_codes, float* a_scales, cudaStream_t stream);
 
-// ---- Grouped GEMM, FP8 x FP8, 1x128 x 128x128 scales (sm90_fp8_grouped_gemm_1d2d.cu) ------
-// D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
-// the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
-// e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
-// skipped (their D rows are not written). With row_offset and expert_count (the permutation
-// plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
-// 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
+// ---- Weight layout of the grouped GEMM (pack_weight_tiles.cu) ------------------------------
 // How the B operand's (the weights') codes lie in memory.
 //   row_major    [E_local, N, K]: row n of expert e is output column n (FlashInfer's MajorK).
 //   block_tiles  [E_local, N/128, K/128, 16 KiB]: each 128 x 128 weight block (rows n, columns k)
@@ -101,6 +95,13 @@ enum class WeightLayout { row_major, block_tiles };
 void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t n, int64_t k, uint8_t* tiles,
                               cudaStream_t stream);
 
+// ---- Grouped GEMM, FP8 x FP8, 1x128 x 128x128 scales (sm90_fp8_grouped_gemm_1d2d.cu) ------
+// D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
+// the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
+// e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
+// skipped (their D rows are not written). With row_offset and expert_count (the permutation
+// plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
+// 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
 struct GroupedGemmArgs {
   const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
   const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
