@@ -291,9 +291,10 @@ struct Scratch {
   // Noise model: the relative variance of each group's float32 scale [n, I/G] and the projection of
   // each group's part of GEMM2 on the slot output [n, I/G] (BUDGETS.md §7).
   RowMat gsv, gproj;
-  // Noise model: the groups' scale jumps (ScaleJumps): h_deq's changes [n, I], their moved codes'
-  // parts [n, I], the probabilities and the scales' relative moves [n, I/G].
-  RowMat jup, jdn, jcup, jcdn, jp, jrup, jrdn;
+  // Noise model: the groups' scale jumps (ScaleJumps): the moved codes' parts [n, I], the
+  // probabilities and the scales' relative moves [n, I/G].
+  RowMat jcup, jcdn, jp, jrup, jrdn;
+  std::vector<char> listed;  // [I] the columns already in a row's flip list
   GroupProjection grp;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
   RowMat tfloor, hfloor;         // truncation bound: the rows' alignment floors (BUDGETS.md §2.1)
@@ -585,17 +586,17 @@ void intermediate_noise_row(const ExpertRun& e, int64_t r, int64_t gate0, int64_
   double* hv = s.hvar.row(r).data();
   RequantMoments moments;
   if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
-  const ScaleJumps jumps{s.jup.row(r).data(),  s.jdn.row(r).data(),  s.jp.row(r).data(),  s.jrup.row(r).data(),
-                         s.jrdn.row(r).data(), s.jcup.row(r).data(), s.jcdn.row(r).data()};
+  const ScaleJumps jumps{s.jp.row(r).data(), s.jrup.row(r).data(), s.jrdn.row(r).data(), s.jcup.row(r).data(),
+                         s.jcdn.row(r).data()};
   intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
                          s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr,
                          s.gsv.row(r).data(), &jumps);
   // GEMM2's back product y W2 is taken at the flips' columns only (when they are few): the codes a
   // jump moves join them, with no flip of their own (dh 0).
-  std::vector<char> listed(size_t(I), 0);
-  for (const auto& f : s.flips[r]) listed[size_t(f.first)] = 1;
+  s.listed.assign(size_t(I), 0);
+  for (const auto& f : s.flips[r]) s.listed[size_t(f.first)] = 1;
   for (int64_t i = 0; i < I; ++i)
-    if (!listed[size_t(i)] && (s.jcup(r, i) != 0 || s.jcdn(r, i) != 0)) s.flips[r].push_back({i, 0.0});
+    if (!s.listed[size_t(i)] && (s.jcup(r, i) != 0 || s.jcdn(r, i) != 0)) s.flips[r].push_back({i, 0.0});
   for (int64_t i = 0; i < I; ++i) {
     const double promotion = (bc.c2 * hr[i]) * (bc.c2 * hr[i]);
     hv[i] += promotion;
@@ -659,7 +660,7 @@ void expert_intermediates(const ExpertRun& e) {
   s.hcodes.resize(I);
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n), s.gsv.setZero(n, ig);
-  if (budget) s.jup.setZero(n, I), s.jdn.setZero(n, I), s.jcup.setZero(n, I), s.jcdn.setZero(n, I);
+  if (budget) s.jcup.setZero(n, I), s.jcdn.setZero(n, I);
   if (budget) s.jp.setZero(n, ig), s.jrup.setZero(n, ig), s.jrdn.setZero(n, ig);
   if (e.requant()) {
     s.hq.resize(n, I), s.hdelta.resize(n, I), s.hmean.resize(n, I), s.hmb.resize(n, I), s.hfv.resize(n, I);
@@ -780,9 +781,11 @@ void expert_store(const ExpertRun& e, double* slot_out, double* slot_budget, dou
         std::copy_n(s.hmb.row(r).data(), I, bc.requant.hmean_bound + slot * I);
         std::copy_n(s.h.row(r).data(), I, bc.requant.h + slot * I);
         std::copy_n(s.gsv.row(r).data(), s.gsv.cols(), bc.requant.group_scale_var + slot * s.gsv.cols());
-        std::copy_n(s.jup.row(r).data(), I, bc.requant.jump_up + slot * I);
-        std::copy_n(s.jdn.row(r).data(), I, bc.requant.jump_dn + slot * I);
+        std::copy_n(s.jcup.row(r).data(), I, bc.requant.jump_code_up + slot * I);
+        std::copy_n(s.jcdn.row(r).data(), I, bc.requant.jump_code_dn + slot * I);
         std::copy_n(s.jp.row(r).data(), s.jp.cols(), bc.requant.jump_p + slot * s.jp.cols());
+        std::copy_n(s.jrup.row(r).data(), s.jp.cols(), bc.requant.jump_rel_up + slot * s.jp.cols());
+        std::copy_n(s.jrdn.row(r).data(), s.jp.cols(), bc.requant.jump_rel_dn + slot * s.jp.cols());
       }
     }
     if (bc.ideal) std::copy_n(s.qy.row(r).data(), H, slot_ideal + job.slots[r] * H);
@@ -861,7 +864,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   std::vector<double> act_dev;
   std::vector<float> requant_r;                  // §10.7 per slot (requant_projection.hpp)
   std::vector<double> requant_hvar, requant_hmean, requant_hmb, requant_delta, requant_h, requant_gsv;
-  std::vector<double> requant_jup, requant_jdn, requant_jp;
+  std::vector<double> requant_jcup, requant_jcdn, requant_jp, requant_jrup, requant_jrdn;
   if (model) {
     bc.model = model;
     bc.chunked = uses_chunked_truncation(model->acc);
@@ -904,8 +907,9 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     requant_delta.assign(requant_hvar.size(), 0.0);
     requant_h.assign(requant_hvar.size(), 0.0);
     requant_gsv.assign(static_cast<size_t>(T * k * ceil_div(c.intermediate_size, c.group_size)), 0.0);
-    requant_jup.assign(requant_hvar.size(), 0.0), requant_jdn.assign(requant_hvar.size(), 0.0);
-    requant_jp.assign(requant_gsv.size(), 0.0);
+    requant_jcup.assign(requant_hvar.size(), 0.0), requant_jcdn.assign(requant_hvar.size(), 0.0);
+    requant_jp.assign(requant_gsv.size(), 0.0), requant_jrup.assign(requant_gsv.size(), 0.0);
+    requant_jrdn.assign(requant_gsv.size(), 0.0);
   }
 
   bc.ideal = ideal_bound;
@@ -956,8 +960,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     // With a model the chunk is every token (keep_slots), so slot indices are global.
     if (model && opt.requant_terms)
       bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data(),
-                    requant_delta.data(), requant_h.data(), requant_gsv.data(), requant_jup.data(),
-                    requant_jdn.data(),   requant_jp.data()};
+                    requant_delta.data(), requant_h.data(), requant_gsv.data(), requant_jp.data(),
+                    requant_jrup.data(),  requant_jrdn.data(), requant_jcup.data(), requant_jcdn.data()};
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {

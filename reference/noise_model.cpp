@@ -106,17 +106,14 @@ float magnitude_step(float v, Precision p, int dir) {
 }
 
 // h_deq(the group's values h, re-quantized on scale s_new) - h_deq(as the reference quantized it:
-// codes on scale s), for the n elements of one group (the rule's own quantization): out, and
-// its split, s_new / s - 1 (returned) and the moved codes' part code_part.
-double jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const uint8_t* codes, double s, double* out,
+// codes on scale s), for the n elements of one group (the rule's own quantization), as its split
+// (ScaleJumps): s_new / s - 1 (returned) and the moved codes' part code_part.
+double jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const uint8_t* codes, double s,
                     double* code_part) {
   std::vector<uint8_t> mc(static_cast<size_t>(n));
   quantize_with_scale(h, n, s_new, d, mc.data());
-  for (int64_t i = 0; i < n; ++i) {
-    const double c_new = double(e4m3_decode(mc[size_t(i)])), c = double(e4m3_decode(codes[i]));
-    out[i] = c_new * double(s_new) - c * s;
-    code_part[i] = (c_new - c) * double(s_new);
-  }
+  for (int64_t i = 0; i < n; ++i)
+    code_part[i] = (double(e4m3_decode(mc[size_t(i)])) - double(e4m3_decode(codes[i]))) * double(s_new);
   return double(s_new) / s - 1;
 }
 }  // namespace
@@ -157,7 +154,6 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     const bool floored = rule.floor == ActScaleFloor::eps && amax < rule.eps;
     if (scale_rel_var) scale_rel_var[g0 / G] = 0;
     if (jumps) {
-      std::fill_n(jumps->up + g0, n, 0.0), std::fill_n(jumps->dn + g0, n, 0.0);
       std::fill_n(jumps->code_up + g0, n, 0.0), std::fill_n(jumps->code_dn + g0, n, 0.0);
       jumps->p[g0 / G] = jumps->rel_up[g0 / G] = jumps->rel_dn[g0 / G] = 0;
     }
@@ -199,7 +195,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
               const float s_new = group_scale(moved_amax, rule);
               const bool up = dir > 0;
               (up ? jumps->rel_up : jumps->rel_dn)[g0 / G] =
-                  jumped_group(moved.data(), n, s_new, rule.divide, codes + g0, s, (up ? jumps->up : jumps->dn) + g0,
+                  jumped_group(moved.data(), n, s_new, rule.divide, codes + g0, s,
                                (up ? jumps->code_up : jumps->code_dn) + g0);
             }
           }
@@ -214,10 +210,10 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
           jumps->p[g0 / G] = std::min(1.0, p_up + p_dn);
           if (p_up > 1e-12)
             jumps->rel_up[g0 / G] =
-                jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->up + g0, jumps->code_up + g0);
+                jumped_group(h + g0, n, float(2 * s), rule.divide, codes + g0, s, jumps->code_up + g0);
           if (p_dn > 1e-12)
             jumps->rel_dn[g0 / G] =
-                jumped_group(h + g0, n, float(s / 2), rule.divide, codes + g0, s, jumps->dn + g0, jumps->code_dn + g0);
+                jumped_group(h + g0, n, float(s / 2), rule.divide, codes + g0, s, jumps->code_dn + g0);
         }
       }
     }

@@ -68,15 +68,13 @@ struct RequantMoments {
 // times the new scale except those within that step of a rounding boundary, which all move one
 // code step the same way. Not a small Gaussian term: the whole change of the group's dequantized
 // intermediate is kept, for amax one step up and one step down, so that its projections can be
-// taken exactly. up, dn [I]: h_deq(moved scale) - h_deq (0 in groups that do not jump); the
-// same split as rel_up, rel_dn [ceil(I/G)] (moved scale / scale - 1: every code's share) plus
-// code_up, code_dn [I] (the codes that moved: (new code - code) x moved scale, 0 elsewhere);
+// taken exactly: h_deq(moved scale) - h_deq = rel h_deq + code, rel_up, rel_dn [ceil(I/G)] (moved
+// scale / scale - 1: every code's share) and code_up, code_dn [I] (the codes that moved: (new code
+// - code) x moved scale, 0 elsewhere and in groups that do not jump);
 // p [ceil(I/G)]: the probability that amax leaves its cell (float32 scales) or its binade (UE8M0
 // scales: the scale doubles or halves), 0: no jump. For UE8M0 the elements' own scale terms stay
 // in var as well (counted twice: conservative).
 struct ScaleJumps {
-  double* up = nullptr;
-  double* dn = nullptr;
   double* p = nullptr;
   double* rel_up = nullptr;
   double* rel_dn = nullptr;

@@ -89,16 +89,18 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
       m += hm[i] * g;
       b += hb[i] * std::fabs(g);
     }
-    const double* jup = in.jump_up + slot * I;
-    const double* jdn = in.jump_dn + slot * I;
+    const double* cup = in.jump_code_up + slot * I;
+    const double* cdn = in.jump_code_dn + slot * I;
     const double* jp = in.jump_p + slot * ng;
+    const double* rup = in.jump_rel_up + slot * ng;
+    const double* rdn = in.jump_rel_dn + slot * ng;
     for (int64_t gi = 0; gi < ng; ++gi) {  // the groups' shared scale deviations and jumps
-      double proj = 0, a_up = 0, a_dn = 0;
+      double proj = 0, code_up = 0, code_dn = 0;  // proj = <h_g, g_j>: the scale's share of either
       for (int64_t i = gi * G; i < std::min(I, (gi + 1) * G); ++i) {
         const double g = ws.G(r, i);
-        proj += h[i] * g, a_up += jup[i] * g, a_dn += jdn[i] * g;
+        proj += h[i] * g, code_up += cup[i] * g, code_dn += cdn[i] * g;
       }
-      v += gsv[gi] * proj * proj + jump_var(jp[gi], a_up, a_dn);
+      v += gsv[gi] * proj * proj + jump_var(jp[gi], rup[gi] * proj + code_up, rdn[gi] * proj + code_dn);
     }
     slot_signal[slot] = wj * sig;
     slot_var[slot] = wj * wj * v;

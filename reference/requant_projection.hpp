@@ -19,7 +19,7 @@
 //            scale off by a factor 1 + e moves its whole part of y by e, BUDGETS.md §7: shared by
 //            the group, so its projection is the group's sum; groups independent)
 //            + sum_{j,g} w_j^2 jump_var(p_g, <dh_up, g_j>_g, <dh_dn, g_j>_g)   (the scale's jumps
-//            re-quantize the group: ScaleJumps),
+//            re-quantize the group: ScaleJumps, dh = rel h + code),
 //   mean_t = sum_{j,i} w_j E X_{j,i} g_{j,i}            (E <X's share of d_t, q_t>, signed: the
 //            crossings move toward the nearer cell boundary, against delta, coherently),
 //   mean_bound_t = sum_{j,i} |w_j| hmean_bound_{j,i} |g_{j,i}|  (what has no known sign).
@@ -42,9 +42,13 @@ struct RequantSlots {
   double* delta = nullptr;        // [T*k, I] h_deq - h
   double* h = nullptr;            // [T*k, I] h_deq, GEMM2's input
   double* group_scale_var = nullptr;  // [T*k, ceil(I/G)] Var(e_g) of each group's float32 scale (§7)
-  double* jump_up = nullptr;          // [T*k, I], [T*k, I], [T*k, ceil(I/G)]: the groups' scale
-  double* jump_dn = nullptr;          //   jumps (noise_model.hpp ScaleJumps)
+  // The groups' scale jumps (noise_model.hpp ScaleJumps): p, rel_up, rel_dn [T*k, ceil(I/G)],
+  // code_up, code_dn [T*k, I].
   double* jump_p = nullptr;
+  double* jump_rel_up = nullptr;
+  double* jump_rel_dn = nullptr;
+  double* jump_code_up = nullptr;
+  double* jump_code_dn = nullptr;
 };
 
 // The test direction's weight of one intermediate whose crossings' second moment is var and
