@@ -7,9 +7,10 @@
 // sigma^2 from the noise model (BUDGETS.md §10; center: the reference as the device rounds it,
 // JudgedReference::center). With only the combined output the
 // experts of a token share its elements, so all experts are fitted jointly (normal equations
-// M beta = b). beta's standard error adds the re-quantization flips' projections (flip_var), the
-// one error correlated across a slot's elements. The test fails when |beta| > allow + z SE, z
-// from the false-alarm level (aggregate_z).
+// M beta = b). beta's noise adds the re-quantization flips' projections, the one error
+// correlated across a slot's elements, their code crossings as rare bounded terms (§10.8). The
+// test fails when |beta| > allow + the threshold of that noise at the false-alarm level
+// (aggregate_z; z SE where no rare crossing dominates).
 // Energy: observed sum d^2 against the predicted sum sigma^2, limit from Bernstein's inequality
 // with each d^2 in [0, b^2], b the worst-case budget (energy_limit).
 #include <Eigen/Dense>
@@ -31,11 +32,11 @@ struct Sums {
   Eigen::VectorXd b;          // sum d z / sigma^2
   std::vector<double> en_obs, en_pred, var_sq;  // sum d^2, sum sigma^2, sum b^2 sigma^2 (attributed elements)
   std::vector<double> l2_d, l2_r;               // for rel_l2
-  std::vector<double> flip_num, z_sq;           // sum c^2 (flip projections), sum z^2 (all elements)
+  std::vector<double> z_sq;                     // sum z^2 (all elements)
   std::vector<double> var_max;                  // largest b^2 (attributed elements)
   explicit Sums(size_t A)
       : M(Eigen::MatrixXd::Zero(A, A)), b(Eigen::VectorXd::Zero(A)), en_obs(A), en_pred(A), var_sq(A), l2_d(A),
-        l2_r(A), flip_num(A), z_sq(A), var_max(A) {}
+        l2_r(A), z_sq(A), var_max(A) {}
 };
 
 // Per slot: each recorded slot output against its own reference, one expert per row.
@@ -118,8 +119,43 @@ double aggregate_tests_count(const MoeProblem& p, size_t experts) {
 
 double aggregate_z(const MoeProblem& p, size_t experts, const CompareOptions& opt) {
   const double tests = aggregate_tests_count(p, experts) + (opt.requant_test ? 1.0 : 0.0);
-  return opt.z > 0 ? opt.z : noise_z(tests, kFalseAlarmPerOutput);
+  return opt.z > 0 ? opt.z : noise_z(tests, kFalseAlarmPerOutput * (1 - kRareCrossingShare));
 }
+
+double rare_crossing_cut(const std::vector<double>& flip_tail, const std::vector<double>& flip_projection) {
+  std::vector<std::pair<double, double>> terms;  // (score, P)
+  for (size_t s = 0; s < flip_projection.size() && (s + 1) * kFlipTailWidth <= flip_tail.size(); ++s)
+    FlipTail::for_each(&flip_tail[s * kFlipTailWidth], [&](double, double P, double, double a) {
+      terms.push_back({TailBound::rare_score(P, a, flip_projection[s]), P});
+    });
+  std::sort(terms.begin(), terms.end());
+  // Every term at or below the cut is left out, so the cut stops before a run of equal scores
+  // that would not fit whole.
+  const double budget = kRareCrossingShare * kFalseAlarmPerOutput;
+  double sum = 0, cut = -1;
+  for (size_t i = 0; i < terms.size();) {
+    size_t j = i;
+    double run = 0;
+    for (; j < terms.size() && terms[j].first == terms[i].first; ++j) run += terms[j].second;
+    if (!std::isfinite(terms[i].first) || sum + run > budget) break;
+    sum += run, cut = terms[i].first, i = j;
+  }
+  return cut;
+}
+
+void add_slot_flips(const JudgedReference& J, int64_t s, double f, TailBound& tb) {
+  if (J.flip_projection.empty()) return;
+  const double c = J.flip_projection[size_t(s)];
+  if (J.flip_tail.empty()) {
+    tb.add_gaussian(f * f * c * c);
+    return;
+  }
+  const double* tail = &J.flip_tail[size_t(s * kFlipTailWidth)];
+  tb.add_gaussian(f * f * std::max(c * c - FlipTail::variance(tail), 0.0));
+  tb.add_slot_tail(tail, f, J.rare_cut, c);
+}
+
+double aggregate_threshold(const TailBound& tb, double z) { return tb.threshold(z * z / 2); }
 
 // Bernstein's inequality for X_i = d_i^2 in [0, b_i^2] (b the worst-case budget: a correct
 // device never exceeds it), E X_i <= sigma_i^2 and Var X_i <= E X_i^2 <= b_i^2 sigma_i^2:
@@ -144,14 +180,6 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
     accumulate_slots(p, J, obs, X, A, S);
   else
     accumulate_combined(p, J, obs, A, R, S);
-  // Flip projections (§7): per slot the root sum of squares of dh_i |<W2[:, i], y>|, times w^2 for
-  // the combined output; independent signs, so they add to the variance of beta (Hoeffding).
-  if (!J.flip_projection.empty())
-    for (const auto& [e, slots] : A.slots_of)
-      for (int64_t s : slots) {
-        const double c = (X.have_slots ? 1.0 : J.weights[s] * J.weights[s]) * J.flip_projection[s];
-        S.flip_num[A.index.at(e)] += c * c;
-      }
 
   // A tiny ridge keeps the joint fit solvable when two experts always share their tokens.
   Eigen::MatrixXd Mr = S.M;
@@ -161,15 +189,21 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
   const Eigen::MatrixXd cov = ldlt.solve(Eigen::MatrixXd::Identity(NE, NE));
   const double allow = scale_allowance(p.config, opt.model);
   const double z = aggregate_z(p, NE, opt);
-  for (size_t x = 0; x < NE; ++x) {
+  for (const auto& [e, slots] : A.slots_of) {
+    const size_t x = A.index.at(e);
     ExpertVerdict& v = R.experts[x];
     const bool fitted = S.M(x, x) > 0;
     v.beta = fitted ? beta(x) : 0.0;
-    const double flip_var = S.z_sq[x] > 0 ? S.flip_num[x] / (S.z_sq[x] * S.z_sq[x]) : 0.0;
-    v.beta_se = fitted ? std::sqrt(std::max(cov(x, x), 0.0) + flip_var) : 0.0;
+    // beta's noise: the fit's own, and the slots' flip projections (§7), which move beta by
+    // their size times w^2 (the combined output) / sum z^2; independent signs (§10.8).
+    TailBound tb;
+    tb.add_gaussian(std::max(cov(x, x), 0.0));
+    if (S.z_sq[x] > 0)
+      for (int64_t s : slots) add_slot_flips(J, s, (X.have_slots ? 1.0 : J.weights[s] * J.weights[s]) / S.z_sq[x], tb);
+    v.beta_se = fitted ? std::sqrt(tb.variance()) : 0.0;
     v.beta_allow = allow;
-    v.beta_detectable = fitted ? v.beta_allow + z * v.beta_se : 0.0;
-    v.bias_ok = !(std::fabs(v.beta) > v.beta_allow + z * v.beta_se);
+    v.beta_detectable = fitted ? v.beta_allow + aggregate_threshold(tb, z) : 0.0;
+    v.bias_ok = !(std::fabs(v.beta) > v.beta_detectable);
     v.energy_ratio = S.en_pred[x] > 0 ? S.en_obs[x] / S.en_pred[x] : 0.0;
     v.energy_limit = energy_limit(S.en_pred[x], S.var_sq[x], S.var_max[x], p, NE, opt);
     v.energy_ok = !(v.energy_ratio > v.energy_limit);

@@ -149,6 +149,8 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   or_budget_squared(J.noise_var, J.budget);
   or_budget_squared(J.slot_noise_var, J.slot_budget);
   if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
+  J.flip_tail = ref.slot_flip_tail;
+  if (J.flip_projection.empty() || J.flip_tail.size() != size_t(T * k * kFlipTailWidth)) J.flip_tail.clear();
   J.requant = ref.requant;
   if (!J.requant.complete(T, H)) J.requant.clear();
 
@@ -178,6 +180,8 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
       std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
       if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
+      if (!J.flip_tail.empty())
+        std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
       if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H);
       std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
@@ -197,6 +201,7 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   std::sort(R.ambiguous.begin(), R.ambiguous.end());
   R.ambiguous_tokens = static_cast<int64_t>(R.ambiguous.size());
   R.mismatched_tokens = static_cast<int64_t>(R.mismatched.size()) + R.ambiguous_tokens;
+  J.rare_cut = rare_crossing_cut(J.flip_tail, J.flip_projection);
   return J;
 }
 

@@ -13,11 +13,13 @@
 // Internal to reference/: the contract for callers is moe_compare.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 #include "reference/moe_compare.hpp"
+#include "reference/tail_bound.hpp"
 
 namespace moecheck::compare {
 
@@ -35,6 +37,13 @@ struct JudgedReference {
   // the device rounds its output (bf16_of_f32; BUDGETS.md §10.3)
   std::vector<double> center;
   std::vector<double> flip_projection;            // [T, k], or empty when the reference has none
+  // [T, k, kFlipTailWidth] the flips among them as bounded terms (FlipTail), or empty: then every
+  // flip projection counts as Gaussian variance.
+  std::vector<double> flip_tail;
+  // Crossings left out of the aggregate tests: a slot's crossings or bins (FlipTail) whose
+  // TailBound::rare_score is at most rare_cut; together of probability at most
+  // kRareCrossingShare of the output's false-alarm level (rare_crossing_cut; BUDGETS.md §10.8).
+  double rare_cut = -1;
   // The re-quantization test's terms (ForwardResult::requant), or empty when the reference has none.
   RequantTerms requant;
   std::vector<int32_t> ids;                       // [T, k]
@@ -76,6 +85,17 @@ double scale_allowance(const MoeConfig& c, const BudgetModel& m);
 // The sigma multiple of the aggregate tests: CompareOptions::z when set, else the one at which
 // all of an output's aggregate tests together false-alarm with probability <= 1e-6 (BUDGETS.md §10.5).
 double aggregate_z(const MoeProblem& p, size_t experts, const CompareOptions& opt);
+// The largest rare_cut whose left-out terms (every slot's terms and bins of rare_score <= the
+// cut, the rarest relative to their size first) have a sum of probabilities of at most
+// kRareCrossingShare kFalseAlarmPerOutput; -1 (nothing left out) without tails.
+double rare_crossing_cut(const std::vector<double>& flip_tail, const std::vector<double>& flip_projection);
+// Slot s's flip projection as a term of a test statistic that moves by f per unit of the slot's
+// projection: its flips as bounded terms (J.flip_tail), the rest (the groups' scale terms) as
+// variance; all of it as variance when the reference has no tails.
+void add_slot_flips(const JudgedReference& J, int64_t s, double f, TailBound& tb);
+// The threshold of a test with noise tb at the aggregate tests' z: with tail probability
+// e^(-z^2 / 2), as z sigma is for a Gaussian (BUDGETS.md §10.8).
+double aggregate_threshold(const TailBound& tb, double z);
 // The energy test's limit on sum d^2 / sum sigma^2 at that level.
 double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoeProblem& p, size_t experts,
                     const CompareOptions& opt);

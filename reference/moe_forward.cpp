@@ -22,6 +22,7 @@
 #include "reference/noise_model.hpp"
 #include "reference/parallel_jobs.hpp"
 #include "reference/requant_projection.hpp"
+#include "reference/tail_bound.hpp"
 #include "reference/truncation_bound.hpp"
 #include "reference/weight_panel.hpp"
 
@@ -294,6 +295,7 @@ struct Scratch {
   // Noise model: the groups' scale jumps (ScaleJumps): the moved codes' parts [n, I], the
   // probabilities and the scales' relative moves [n, I/G].
   RowMat jcup, jcdn, jp, jrup, jrdn;
+  RowMat fp, fstep;  // noise model: each code's crossing probability and step (CodeFlips) [n, I]
   std::vector<char> listed;  // [I] the columns already in a row's flip list
   GroupProjection grp;
   std::vector<float> taf, thf, tlf, tin, tdec, tmag, tmaga;  // truncation bound, float path: rows, panel
@@ -363,6 +365,7 @@ struct BudgetCtx {
   const std::vector<double>* act_dev = nullptr;  // [T, H] deviation of the device's activations
   bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
   double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
+  double* slot_tail = nullptr;                    // [chunk T * k, kFlipTailWidth] their flips' tails
   double* slot_var = nullptr;                     // [chunk T * k * H] noise model per slot (BUDGETS.md §10.2)
   RequantSlots requant;                           // re-quantization test's per-slot terms (§10.7)
 };
@@ -588,9 +591,10 @@ void intermediate_noise_row(const ExpertRun& e, int64_t r, int64_t gate0, int64_
   if (requant) moments = {s.hmean.row(r).data(), s.hmb.row(r).data(), s.hfv.row(r).data(), s.hcell.row(r).data()};
   const ScaleJumps jumps{s.jp.row(r).data(), s.jrup.row(r).data(), s.jrdn.row(r).data(), s.jcup.row(r).data(),
                          s.jcdn.row(r).data()};
+  const CodeFlips code_flips{s.fp.row(r).data(), s.fstep.row(r).data()};
   intermediate_noise_var(c, *bc.model, s.x.row(r).data(), s.vx.row(r).data(), gate0, up0, s.hrow.data(),
                          s.hcodes.data(), s.hscales.data(), s.hdev.row(r).data(), hv, requant ? &moments : nullptr,
-                         s.gsv.row(r).data(), &jumps);
+                         s.gsv.row(r).data(), &jumps, &code_flips);
   // GEMM2's back product y W2 is taken at the flips' columns only (when they are few): the codes a
   // jump moves join them, with no flip of their own (dh 0).
   s.listed.assign(size_t(I), 0);
@@ -660,6 +664,7 @@ void expert_intermediates(const ExpertRun& e) {
   s.hcodes.resize(I);
   s.hscales.resize(ig);
   if (budget) s.dh.resize(n, I), s.hdev.resize(n, I), s.hvar.resize(n, I), s.flips.resize(n), s.gsv.setZero(n, ig);
+  if (budget) s.fp.resize(n, I), s.fstep.resize(n, I);
   if (budget) s.jcup.setZero(n, I), s.jcdn.setZero(n, I);
   if (budget) s.jp.setZero(n, ig), s.jrup.setZero(n, ig), s.jrdn.setZero(n, ig);
   if (e.requant()) {
@@ -728,25 +733,40 @@ void expert_gemm2(const ExpertRun& e) {
 }
 
 // Root sum of squares of row r's terms that look like a scale error of its own slot output y:
-// the flips, the groups' shared scale deviations and their jumps, each projected on y.
-double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I) {
+// the flips, the groups' shared scale deviations and their jumps, each projected on y. The codes'
+// crossings among the flips are also written to tail (FlipTail, kFlipTailWidth entries): each a
+// rare term bounded by its own step, whose tail the aggregate tests bound as such (§10.8).
+double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, double* tail) {
   // A flip moves y along column i of W2 by at most dh_i; its projection on y itself is at most
   // dh_i |<W2[:, i], y>| = dh_i |(y W2)_i|: the part of the error that looks like a scale error
   // of this slot. Kept as the root sum of squares over the slot's flips (their signs are
   // independent).
   // The noise model's variance of each flip (§10.2) in place of its worst case dh^2.
-  double sys = 0;
+  // Of that, a code's crossing (probability p, a move of one step) is the term B step g, B ~
+  // Bernoulli(p): centred, a (B - p) with a = step |g| (TailBound), and its mean p step g, whose
+  // sign follows g's, kept as variance like the rest of the flip.
+  double sys = 0, a_max = 0;
   for (const auto& [i, dh] : s.flips[r]) {
     const double g = s.yw(r, i);
     sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
+    if (s.fp(r, i) > 0) a_max = std::max(a_max, s.fstep(r, i) * std::fabs(g));
   }
+  FlipTail ft(a_max);
+  for (const auto& [i, dh] : s.flips[r]) {
+    const double g = s.yw(r, i), a = s.fstep(r, i) * std::fabs(g);
+    // The crossing's share of the flip's variance, at most all of it.
+    const double v = std::min(dh * dh, s.hvar(r, i)) * g * g;
+    if (a > 0) ft.add(std::min(s.fp(r, i), v / (a * a)), a);
+  }
+  ft.write(tail);
   // A group's float32 scale that differs from the reference's by a factor 1 + e moves the
   // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance
   // of e's continuous part (§10.2 step 4). Groups are independent.
   for (int64_t g = 0; g < s.gsv.cols(); ++g) sys += s.gsv(r, g) * s.gproj(r, g) * s.gproj(r, g);
   // A jump of a group's scale (ScaleJumps): its whole change of h_deq projected on y through
   // W2, <W2 dh, y> = sum_i dh_i (y W2)_i: the scale's share rel <y_g, y> plus the moved codes'
-  // (y W2 is taken at their columns: they are listed with the flips).
+  // (y W2 is taken at their columns: they are listed with the flips). Kept sub-Gaussian at
+  // Hoeffding's p-free proxy (jump_var): the jump's modelled p is not trusted (§7).
   for (int64_t g = 0; g < s.jp.cols(); ++g) {
     if (!(s.jp(r, g) > 0)) continue;
     double a_up = s.jrup(r, g) * s.gproj(r, g), a_dn = s.jrdn(r, g) * s.gproj(r, g);
@@ -771,7 +791,7 @@ void expert_store(const ExpertRun& e, double* slot_out, double* slot_budget, dou
     if (budget) {
       std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
       std::copy_n(s.vy.row(r).data(), H, bc.slot_var + job.slots[r] * H);
-      bc.slot_sys[job.slots[r]] = slot_flip_projection(s, r, G, I);
+      bc.slot_sys[job.slots[r]] = slot_flip_projection(s, r, G, I, bc.slot_tail + job.slots[r] * kFlipTailWidth);
       const int64_t slot = job.slots[r];
       if (requant) {
         for (int64_t i = 0; i < H; ++i) bc.requant.r[slot * H + i] = float(s.rq(r, i));
@@ -898,6 +918,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     res.slot_budget.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_noise_var.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_flip_projection.assign(static_cast<size_t>(T * k), 0.0);
+    res.slot_flip_tail.assign(static_cast<size_t>(T * k * kFlipTailWidth), 0.0);
   }
   if (model && opt.requant_terms) {
     requant_r.assign(static_cast<size_t>(T * k * H), 0.0f);
@@ -956,7 +977,10 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     double* slots;
     double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
     double* slot_ideal = ideal_bound ? slot_ideal_all.data() + t0 * k * H : nullptr;
-    if (model) bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
+    if (model) {
+      bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
+      bc.slot_tail = res.slot_flip_tail.data() + t0 * k * kFlipTailWidth;
+    }
     // With a model the chunk is every token (keep_slots), so slot indices are global.
     if (model && opt.requant_terms)
       bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data(),

@@ -132,6 +132,9 @@ struct ForwardResult {
   // and over its groups g of sd(e_g) |<y_g, y>|, those of the groups' shared scale deviations
   // (BUDGETS.md §7).
   std::vector<double> slot_flip_projection;
+  // Per slot [T, k, kFlipTailWidth]: the flips among those terms as rare bounded terms, each with
+  // its own bound (FlipTail, reference/tail_bound.hpp; BUDGETS.md §10.8).
+  std::vector<double> slot_flip_tail;
   // The re-quantization test's terms (BUDGETS.md §10.7), with a budget model and requant_terms.
   RequantTerms requant;
   // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].

@@ -22,6 +22,7 @@ struct Crossing {
   double var = 0;      // the variance proxy of the rounded result's deviation (at least the input's)
   double mean = 0;     // E of that deviation: p_hi step_hi - p_lo step_lo
   double crossed = 0;  // its second moment from the crossings alone, p (step^2 + var): no floor
+  double p = 0;        // the crossing's probability, p_lo + p_hi (at most 1)
 };
 Crossing cell_crossing(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
   if (!(var > 0)) return {};
@@ -31,7 +32,8 @@ Crossing cell_crossing(double v, double vr, double var, double lo, double hi, do
   // Never below var itself: an element whose crossing probability underflows keeps a finite
   // weight in the aggregate fits (and the model stays conservative there).
   const double crossed = std::min(1.0, p_lo + p_hi) * (step * step + var);
-  return {std::max(crossed, var), std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo, crossed};
+  return {std::max(crossed, var), std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo, crossed,
+          std::min(1.0, p_lo + p_hi)};
 }
 
 // Steps of a binary grid with `mant` fraction bits and smallest normal exponent emin at r: the
@@ -121,7 +123,7 @@ double jumped_group(const float* h, int64_t n, float s_new, QuantDivide d, const
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var, const RequantMoments* rq,
-                            double* scale_rel_var, const ScaleJumps* jumps) {
+                            double* scale_rel_var, const ScaleJumps* jumps, const CodeFlips* flips) {
   const int64_t I = c.intermediate_size, G = c.group_size;
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
@@ -161,6 +163,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       for (int64_t i = g0; i < g0 + n; ++i) {
         var[i] = worst_dev[i] * worst_dev[i];
         if (rq) rq->mean[i] = 0, rq->mean_bound[i] = worst_dev[i], rq->var[i] = var[i], rq->cell[i] = worst_dev[i];
+        if (flips) flips->p[i] = flips->step[i] = 0;
       }
       continue;
     }
@@ -226,6 +229,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       const double scale_terms = cv * cv * vs + std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) +
                                  std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
       var[i] = s * s * x.var + scale_terms;
+      if (flips) flips->p[i] = x.p, flips->step[i] = st;
       // The mean: the code's crossings, signed (the continuous parts, h's own rounding and the
       // float32 scale's slack, are taken as centred, A2 of §10.4); the UE8M0 scale's crossings,
       // whose direction depends on every element of the group, as a bound.

@@ -81,10 +81,20 @@ struct ScaleJumps {
   double* code_up = nullptr;
   double* code_dn = nullptr;
 };
+// A code's own crossing (BUDGETS.md §10.8), per element [I]: the probability p that the device's
+// code is the neighbour of the reference's, and step, the larger of the two e4m3 steps next to
+// the reference's code times the group's scale: the crossing moves the dequantized element by
+// at most step, and p step^2 of var is that move's second moment (0, 0 where the model does not
+// apply, or the code cannot cross).
+struct CodeFlips {
+  double* p = nullptr;
+  double* step = nullptr;
+};
 void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const double* x, const double* vx,
                             int64_t gate0, int64_t up0, const float* h, const uint8_t* codes, const float* scales,
                             const double* worst_dev, double* var, const RequantMoments* rq = nullptr,
-                            double* scale_rel_var = nullptr, const ScaleJumps* jumps = nullptr);
+                            double* scale_rel_var = nullptr, const ScaleJumps* jumps = nullptr,
+                            const CodeFlips* flips = nullptr);
 
 // The variance proxy of a jump whose effect on a statistic is a_up (amax a step up), a_dn (a
 // step down) or 0 (no jump), with probability p of a jump: Hoeffding's proxy for a variable of
@@ -103,13 +113,18 @@ double noise_z(double tests, double alpha);
 
 // False-alarm probability per judged output that the aggregate tests are held to (BUDGETS.md §10).
 constexpr double kFalseAlarmPerOutput = 1e-6;
+// Of that, the share spent on the rarest re-quantization crossings (BUDGETS.md §10.8): the
+// aggregate tests leave out the crossings whose probabilities sum to at most this share of
+// kFalseAlarmPerOutput (a union bound: none of them happens, or the output may false-alarm), and
+// the tests' own level is the rest.
+constexpr double kRareCrossingShare = 0.1;
 
 // The revision of the terms a stored reference carries (noise_var, slot_noise_var,
 // slot_flip_projection, the re-quantization terms): a stored /reference/quantized is reused only
 // when its attribute noise_model equals this (golden/FORMAT.md). Raised whenever those terms
 // change meaning; "2": the flip projections hold the groups' shared scale term (BUDGETS.md §7);
 // "3": that term's jumps re-quantize the group (ScaleJumps), and the re-quantization test's
-// variance holds the groups' shared terms and jumps too.
-inline constexpr const char* kNoiseModelRevision = "3";
+// variance holds the groups' shared terms and jumps too; "4": the flips' tails (slot_flip_tail).
+inline constexpr const char* kNoiseModelRevision = "4";
 
 }  // namespace moecheck

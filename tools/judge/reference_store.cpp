@@ -10,6 +10,7 @@
 
 #include "reference/errors.hpp"
 #include "reference/noise_model.hpp"
+#include "reference/tail_bound.hpp"
 #ifdef MOECHECK_HAVE_CUDA
 #include "kernels/fp64_weight_products.hpp"
 #endif
@@ -104,6 +105,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.slot_budget = r.slot_budget;
     d.noise_var = r.noise_var;
     d.slot_flip_projection = r.slot_flip_projection;
+    d.slot_flip_tail = r.slot_flip_tail;
     d.slot_noise_var = r.slot_noise_var;
     const int64_t T = r.routing.tokens;
     if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T)) {
@@ -129,7 +131,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
         stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
-        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H);
+        stored->slot_flip_projection.size() == size_t(T * k) &&
+        stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth) && stored->slot_noise_var.size() == size_t(T * k * H);
     if (matches && !current && progress)
       std::cerr << "moecheck: the stored /reference/quantized was written by an older noise model (attribute "
                    "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
@@ -150,6 +153,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.slot_budget = std::move(stored->slot_budget);
       r.noise_var = std::move(stored->noise_var);
       r.slot_flip_projection = std::move(stored->slot_flip_projection);
+      r.slot_flip_tail = std::move(stored->slot_flip_tail);
       r.slot_noise_var = std::move(stored->slot_noise_var);
       if (requant) r.requant = std::move(*requant);
       *reused = true;
