@@ -70,9 +70,9 @@ struct Float32Panel {
 // A float buffer of n values that starts on a 64-byte boundary, inside v (resized for the
 // room): the truncation pass reads its float operands (the rows' and the weight panel's) with
 // 32-byte loads at multiples of 8 floats along K, and from a 16-byte aligned start (what the
-// allocator gives) every other load would span two cache lines. Aligned, the pass over the
-// DeepSeek-V3 shapes (K = 7168, 2048: rows of a multiple of 16 floats stay aligned) took 7 %
-// less time on a 2-core EPYC (Zen 2) than from the allocator's alignment, the values read the
+// allocator gives) every other load would span two cache lines. Aligned, the panel's
+// dequantization and truncation pass at K = 7168 (rows of a multiple of 16 floats stay aligned)
+// took 5-8 % less time on a 2-core EPYC (Zen 2) for 2 to 5 input rows; the values read are the
 // same.
 float* aligned_floats(std::vector<float>& v, size_t n) {
   v.resize(n + 16);
