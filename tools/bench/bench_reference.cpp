@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fmt/format.h>
 #include <fstream>
 #include <iostream>
@@ -27,6 +28,13 @@ namespace moecheck::bench {
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// CPU seconds of all of this process's threads: on a machine shared with other work the wall
+// times above stretch with the load, the CPU time much less (the ratios of both are printed).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 // Peak resident set size of this process (VmHWM), bytes.
 double peak_rss_bytes() {
@@ -137,18 +145,21 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
   // The reference and each compare model run in turn, `repeat` rounds, so that a slow spell of
   // the machine falls on all of them alike; the figures are medians (and the ratios are of
   // medians).
-  std::vector<double> ref_s, dev_s;
-  std::vector<std::vector<double>> cmp_s(compare_models.size());
+  std::vector<double> ref_s, dev_s, ref_cpu;
+  std::vector<std::vector<double>> cmp_s(compare_models.size()), cmp_cpu(compare_models.size());
   ForwardResult r, rd;
   double cpu_rss = 0;
   for (int round = 0; round < repeat; ++round) {
     const auto t0 = Clock::now();
+    const double c0 = process_cpu_seconds();
     r = moe_forward(p, opt);
     ref_s.push_back(seconds_since(t0));
+    ref_cpu.push_back(process_cpu_seconds() - c0);
     // What `moecheck compare` adds: the budgeted forward and the judging of one output (the
     // reference's own output rounded to bf16 stands in for a backend's).
     for (size_t i = 0; i < compare_models.size(); ++i) {
       const auto tc = Clock::now();
+      const double cc = process_cpu_seconds();
       CompareOptions copt;
       copt.model = parse_budget_model(compare_models[i]);
       ForwardOptions fb = opt;
@@ -161,6 +172,7 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
       obs.topk_ids = rb.routing.ids;
       const CompareResult cr = compare_output(p, rb, obs, copt);
       cmp_s[i].push_back(seconds_since(tc));
+      cmp_cpu[i].push_back(process_cpu_seconds() - cc);
       if (!cr.pass) std::cerr << "bench: the reference's own output failed its " << compare_models[i] << " budget (a bug)\n";
     }
     // The GPU's products last, so that the peak RSS of the CPU's own passes is measured first.
@@ -190,6 +202,7 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
              r.experts_run, gen_s);
   fmt::print("  wall time            {:10.3f} s (median of {}, range {:.3f} - {:.3f})\n", wall, repeat,
              *std::min_element(ref_s.begin(), ref_s.end()), *std::max_element(ref_s.begin(), ref_s.end()));
+  fmt::print("  CPU time             {:10.3f} s (all threads, median of {})\n", median_of(ref_cpu), repeat);
   fmt::print("  GEMM work            {:10.1f} GFLOP\n", r.gemm_flops * 1e-9);
   fmt::print("  achieved             {:10.2f} GFLOP/s (float64)\n", achieved * 1e-9);
   fmt::print("  machine GEMM rate    {:10.2f} GFLOP/s (Eigen double, [{} x {}] x [{} x {}], {} threads)\n", rate * 1e-9,
@@ -220,6 +233,8 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
     fmt::print("  compare, budget model {:<7} {:.3f} s = {:.2f} x the reference's time (target < 3; range {:.3f} - {:.3f} s)\n",
                compare_models[i], t, t / wall, *std::min_element(cmp_s[i].begin(), cmp_s[i].end()),
                *std::max_element(cmp_s[i].begin(), cmp_s[i].end()));
+    const double tc = median_of(cmp_cpu[i]);
+    fmt::print("    CPU time                    {:.3f} s = {:.2f} x the reference's CPU time\n", tc, tc / median_of(ref_cpu));
   }
   fmt::print("  peak RSS             {:10.2f} GiB (bound: FP8 bytes {:.2f} GiB + 1 GiB = {:.2f} GiB) {}\n",
              rss / (1 << 30), fp8_bytes / (1 << 30), bound / (1 << 30), rss <= bound ? "ok" : "OVER");
