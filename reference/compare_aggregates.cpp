@@ -126,7 +126,8 @@ double rare_crossing_cut(const std::vector<double>& flip_tail, const std::vector
   std::vector<std::pair<double, double>> terms;  // (score, P)
   for (size_t s = 0; s < flip_projection.size() && (s + 1) * kFlipTailWidth <= flip_tail.size(); ++s)
     FlipTail::for_each(&flip_tail[s * kFlipTailWidth], [&](double, double P, double, double a) {
-      terms.push_back({TailBound::rare_score(P, a, flip_projection[s]), P});
+      const double score = TailBound::rare_score(P, a, flip_projection[s]);
+      if (std::isfinite(score)) terms.push_back({score, P});  // never left out otherwise
     });
   std::sort(terms.begin(), terms.end());
   // Every term at or below the cut is left out, so the cut stops before a run of equal scores
@@ -137,7 +138,7 @@ double rare_crossing_cut(const std::vector<double>& flip_tail, const std::vector
     size_t j = i;
     double run = 0;
     for (; j < terms.size() && terms[j].first == terms[i].first; ++j) run += terms[j].second;
-    if (!std::isfinite(terms[i].first) || sum + run > budget) break;
+    if (sum + run > budget) break;
     sum += run, cut = terms[i].first, i = j;
   }
   return cut;

@@ -180,6 +180,8 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
       std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
       if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
+      // A re-run without tails (a forward hook that does not fill them): no tails at all.
+      if (alt.slot_flip_tail.size() != rr.tokens.size() * size_t(k * kFlipTailWidth)) J.flip_tail.clear();
       if (!J.flip_tail.empty())
         std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
       if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H);

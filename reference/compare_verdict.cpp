@@ -15,7 +15,8 @@ void give_verdict(const MoeProblem& p, const CompareOptions& opt, CompareResult&
   const double z = aggregate_z(p, R.experts.size(), opt);
   // Severity: how far past its limit the expert's worst test is (1 = at the limit).
   auto severity = [&](const ExpertVerdict& v) {
-    const double bias = v.beta_se > 0 ? (std::fabs(v.beta) - v.beta_allow) / (z * v.beta_se) : 0.0;
+    const double limit = v.beta_detectable - v.beta_allow;
+    const double bias = limit > 0 ? (std::fabs(v.beta) - v.beta_allow) / limit : 0.0;
     return std::max({v.max_ratio, bias, v.energy_limit > 0 ? v.energy_ratio / v.energy_limit : 0.0});
   };
   std::stable_sort(R.experts.begin(), R.experts.end(), [&](const ExpertVerdict& a, const ExpertVerdict& b) {

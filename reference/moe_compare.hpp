@@ -56,7 +56,9 @@ struct ExpertVerdict {
   double rel_l2 = 0;        // of its contribution (expert outputs) or of its tokens' outputs
   bool blamed = false;      // elementwise failures attributed here
   double beta = 0, beta_se = 0, beta_allow = 0;  // bias test: fitted relative scale error
-  double beta_detectable = 0;                     // allow + z SE: the smallest scale error it detects (0: no data)
+  // allow + the threshold of its noise (z SE where no rare crossing dominates, BUDGETS.md §10.8):
+  // the smallest scale error it detects (0: no data)
+  double beta_detectable = 0;
   bool bias_ok = true;
   double energy_ratio = 0, energy_limit = 0;     // energy test
   bool energy_ok = true;
@@ -81,7 +83,8 @@ struct FamiliarMetrics {
 struct TokenScale {
   int64_t token = 0;
   double beta = 0, se = 0;
-  // The smallest |beta_t| the test would detect: allow + z se (a zeroed row is beta = -1).
+  // The smallest |beta_t| the test would detect: allow + the threshold of its noise, z se where
+  // no rare crossing dominates (BUDGETS.md §10.8; a zeroed row is beta = -1).
   double detectable = 0;
   bool ok = true;
 };
@@ -103,7 +106,7 @@ struct Power {
   // Smallest relative scale error |s| the bias test detects: the output scaled as a whole by
   // (1 + s) (every expert's beta moves by s: the most sensitive expert decides), and the
   // contribution of any single expert scaled (the least sensitive one decides). Per expert the
-  // figure is beta_allow + z beta_se.
+  // figure is beta_detectable (beta_allow + z beta_se where no rare crossing dominates).
   double scale_output = 0, scale_any_expert = 0;
   // Smallest relative scale error of one token's row the per-token test detects (a zeroed row is
   // -1): the largest over the tokens (any token) and the median token.

@@ -759,19 +759,21 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, d
   // Of that, a code's crossing (probability p, a move of one step) is the term B step g, B ~
   // Bernoulli(p): centred, a (B - p) with a = step |g| (TailBound), and its mean p step g, whose
   // sign follows g's, kept as variance like the rest of the flip.
+  // The crossing's share of a flip's variance v is p (step g)^2, at most all of v.
+  auto crossing = [&](int64_t i, double dh) {
+    const double g = s.yw(r, i), a = s.fstep(r, i) * std::fabs(g), v = std::min(dh * dh, s.hvar(r, i)) * g * g;
+    const double p = a > 0 ? std::min(s.fp(r, i), v / (a * a)) : 0.0;
+    return std::pair{std::min(p, 1 - p) > 0 ? p : 0.0, a};
+  };
   double sys = 0, a_max = 0;
   for (const auto& [i, dh] : s.flips[r]) {
     const double g = s.yw(r, i);
     sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
-    if (s.fp(r, i) > 0) a_max = std::max(a_max, s.fstep(r, i) * std::fabs(g));
+    if (const auto [p, a] = crossing(i, dh); p > 0) a_max = std::max(a_max, a);
   }
   FlipTail ft(a_max);
-  for (const auto& [i, dh] : s.flips[r]) {
-    const double g = s.yw(r, i), a = s.fstep(r, i) * std::fabs(g);
-    // The crossing's share of the flip's variance, at most all of it.
-    const double v = std::min(dh * dh, s.hvar(r, i)) * g * g;
-    if (a > 0) ft.add(std::min(s.fp(r, i), v / (a * a)), a);
-  }
+  for (const auto& [i, dh] : s.flips[r])
+    if (const auto [p, a] = crossing(i, dh); p > 0) ft.add(p, a);
   ft.write(tail);
   // A group's float32 scale that differs from the reference's by a factor 1 + e moves the
   // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance

@@ -25,6 +25,10 @@ double FlipTail::bin_bound(double a_max, int64_t b) { return a_max * std::exp2(-
 
 void FlipTail::add_to_bin(double pp, double a) {
   const double r = -2 * std::log2(a / a_max_);
+  if (!std::isfinite(r)) {  // a or a_max not finite: the largest bin (the judge's bound is then infinite)
+    n_[0] += 1, p_[0] += pp, v_[0] += INFINITY;
+    return;
+  }
   const int64_t b = std::clamp<int64_t>(int64_t(std::floor(std::max(r, 0.0))), 0, kFlipTailBins - 1);
   n_[b] += 1, p_[b] += pp, v_[b] += pp * (1 - pp) * a * a;
 }
@@ -32,6 +36,7 @@ void FlipTail::add_to_bin(double pp, double a) {
 void FlipTail::add(double p, double a) {
   if (!(p > 0) || !(a > 0) || !(a_max_ > 0)) return;
   double pp = std::min(p, 1 - p);
+  if (!(pp > 0)) return;  // p = 1: a certain move, no crossing (its second moment stays Gaussian)
   // Insert into the exact list (a descending); what falls off its end goes to the bins.
   for (int64_t i = 0; i < kFlipTailExact; ++i)
     if (exact_p_[i] == 0 || a >= exact_a_[i]) {
@@ -68,8 +73,8 @@ void TailBound::add_crossings(double n, double P, double V, double a) {
     return;
   }
   if (!(a > 0)) return;
-  if (n == 1) {
-    exact_.push_back({a, P});
+  if (n == 1) {  // a single term: its own p' (min(p, 1 - p): the sign of a is not known)
+    exact_.push_back({a, std::min(P, 1 - P), V});
     return;
   }
   Bin& b = bins_[bin_key(a)];
@@ -89,17 +94,17 @@ void TailBound::add_slot_tail(const double* tail, double f, double rare_cut, dou
 double TailBound::variance() const {
   double v = gauss_;
   for (const auto& [q, b] : bins_) v += b.V;
-  for (const auto& [a, p] : exact_) v += p * (1 - p) * a * a;
+  for (const Single& t : exact_) v += t.V;
   return v;
 }
 
-// K at lambda with the first `exact` single terms exact and `bins` for the rest.
-double TailBound::K(double l, const std::map<int, Bin>& bins, size_t exact) const {
+// K at lambda: the Gaussian part, the single terms exactly, the bins (a, n, P, V).
+double TailBound::K(double l, const std::vector<FlatBin>& bins, size_t exact) const {
   double s = l * l * gauss_ / 2;
-  for (size_t i = 0; i < exact; ++i) s += binomial_cumulant(1, exact_[i].second, l * exact_[i].first);
-  for (const auto& [q, b] : bins) {
-    const double a = bin_top(q), u = l * a;
-    s += std::min(b.V * phi(u) / (a * a), binomial_cumulant(b.n, b.P, u));
+  for (size_t i = 0; i < exact; ++i) s += binomial_cumulant(1, exact_[i].p, l * exact_[i].a);
+  for (const FlatBin& b : bins) {
+    const double u = l * b.a;
+    s += std::min(b.V * phi(u) / (b.a * b.a), binomial_cumulant(b.n, b.P, u));
   }
   return s;
 }
@@ -107,27 +112,38 @@ double TailBound::K(double l, const std::map<int, Bin>& bins, size_t exact) cons
 double TailBound::threshold(double x) const {
   if (infinite_) return INFINITY;
   const double var = variance();
+  if (std::isnan(var)) return NAN;  // no statement (a non-finite term of the reference)
   if (!(var > 0)) return shift_;
   if (bins_.empty() && exact_.empty()) return std::sqrt(2 * x * gauss_) + shift_;
   // The 64 largest single terms exactly, the others binned.
   constexpr size_t kExact = 64;
-  std::sort(exact_.begin(), exact_.end(), [](const auto& u, const auto& v) { return u.first > v.first; });
-  std::map<int, Bin> bins = bins_;
+  std::sort(exact_.begin(), exact_.end(), [](const Single& u, const Single& v) { return u.a > v.a; });
+  std::map<int, Bin> merged = bins_;
   for (size_t i = kExact; i < exact_.size(); ++i) {
-    const auto [a, p] = exact_[i];
-    Bin& b = bins[bin_key(a)];
-    b.n += 1, b.P += p, b.V += p * (1 - p) * a * a;
+    Bin& b = merged[bin_key(exact_[i].a)];
+    b.n += 1, b.P += exact_[i].p, b.V += exact_[i].V;
   }
+  std::vector<FlatBin> bins;
+  double a_max = exact_.empty() ? 0.0 : exact_.front().a;
+  for (const auto& [q, b] : merged) bins.push_back({bin_top(q), b.n, b.P, b.V}), a_max = std::max(a_max, bin_top(q));
   const size_t exact = std::min(exact_.size(), kExact);
-  // Every lambda gives a valid bound: the best on a grid of ratio 2^(1/16) (within 0.3% of the
-  // minimum where that lies inside it) from 2^-12 to 2^4 times the Gaussian optimum of the same
-  // variance, lambda_G (rare large terms move the optimum below lambda_G).
+  // Every lambda gives a valid bound. Searched on log lambda from below both 1 / a_max (where a
+  // rare large term stops costing) and the Gaussian optimum of the same variance, lambda_G, to
+  // 16 lambda_G: coarsely at ratio 2^(1/2), then at 2^(1/16) around the best coarse point
+  // (within 0.3% of the minimum there; (K + x) / lambda need not be unimodal with min() bins,
+  // which only makes the result a little larger, never invalid).
   const double lg = std::sqrt(2 * x / var);
+  const double lo = std::min(lg * 0x1p-12, 0.25 / a_max);
+  auto bound_at = [&](double l) { return (K(l, bins, exact) + x) / l; };
+  const int coarse = int(std::ceil(2 * std::log2(16 * lg / lo)));
   double best = INFINITY;
-  for (int i = -192; i <= 64; ++i) {
-    const double l = lg * std::exp2(double(i) / 16);
-    best = std::min(best, (K(l, bins, exact) + x) / l);
+  int best_i = 0;
+  for (int i = 0; i <= coarse; ++i) {
+    const double t = bound_at(lo * std::exp2(double(i) / 2));
+    if (t < best) best = t, best_i = i;
   }
+  for (int j = -7; j <= 7; ++j)
+    if (j != 0) best = std::min(best, bound_at(lo * std::exp2(double(best_i) / 2 + double(j) / 16)));
   return best + shift_;
 }
 

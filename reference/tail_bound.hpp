@@ -70,7 +70,8 @@ class FlipTail {
 class TailBound {
  public:
   void add_gaussian(double var) { gauss_ += var; }
-  // n crossings of a at most `a`, of sum p' P and sum of variances V; n = 1 is kept exactly.
+  // n crossings of a at most `a`, of sum p' P and sum of variances V (each term's p' <= 1/2);
+  // n = 1 is kept exactly (with min(P, 1 - P)).
   void add_crossings(double n, double P, double V, double a);
   // A slot's stored summary (FlipTail) with the slot's terms scaled by f in the statistic. The
   // terms and bins of rare_score(P, a, c) <= rare_cut are left out (the caller has spent their
@@ -82,7 +83,7 @@ class TailBound {
   // most, go first.
   static double rare_score(double P, double a, double c) { return a > 0 ? P * c / a : INFINITY; }
   // A t with P(S >= t) <= e^-x, and P(S <= -t) too, under the bound (x > 0): the smallest over a
-  // grid of lambda; infinite for an infinite term.
+  // search of lambda; infinite for an infinite term, NaN for a NaN one.
   double threshold(double x) const;
   // The sum of the variances: what a Gaussian model would use.
   double variance() const;
@@ -91,12 +92,18 @@ class TailBound {
   struct Bin {
     double n = 0, P = 0, V = 0;
   };
+  struct FlatBin {
+    double a, n, P, V;
+  };
   static int bin_key(double a);  // the smallest q with 2^(q/4) >= a
-  double K(double lambda, const std::map<int, Bin>& bins, size_t exact) const;
+  double K(double lambda, const std::vector<FlatBin>& bins, size_t exact) const;
   double gauss_ = 0, shift_ = 0;
   bool infinite_ = false;
   std::map<int, Bin> bins_;  // key q: terms with a in (2^((q-1)/4), 2^(q/4)]
-  mutable std::vector<std::pair<double, double>> exact_;  // single terms (a, p'), the largest kept exactly
+  struct Single {
+    double a, p, V;  // bound, p', variance (at most p' (1 - p') a^2: a may be a bin's top)
+  };
+  mutable std::vector<Single> exact_;  // single terms, the largest kept exactly
 };
 
 }  // namespace moecheck

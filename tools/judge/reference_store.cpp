@@ -131,16 +131,20 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
         stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
         stored->budget.size() == size_t(T * H) && stored->slot_budget.size() == size_t(T * k * H) &&
         stored->expert_outputs.size() == size_t(T * k * H) && stored->noise_var.size() == size_t(T * H) &&
-        stored->slot_flip_projection.size() == size_t(T * k) &&
-        stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth) && stored->slot_noise_var.size() == size_t(T * k * H);
+        stored->slot_flip_projection.size() == size_t(T * k) && stored->slot_noise_var.size() == size_t(T * k * H);
     if (matches && !current && progress)
       std::cerr << "moecheck: the stored /reference/quantized was written by an older noise model (attribute "
                    "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
                    "reference` stores it again\n";
-    if (matches && current && requant_terms && !has_requant && progress)
+    // Written by this revision but without the crossings' tails: damaged (revision 4 always has them).
+    const bool has_tail = stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth);
+    if (matches && current && !has_tail && progress)
+      std::cerr << "moecheck: the stored /reference/quantized has no usable slot_flip_tail (damaged): computing "
+                   "the reference; `moecheck reference` stores it again\n";
+    if (matches && current && has_tail && requant_terms && !has_requant && progress)
       std::cerr << "moecheck: the stored /reference/quantized has no usable re-quantization terms (written by an "
                    "older moecheck, or damaged): computing the reference; `moecheck reference` stores them\n";
-    if (matches && current && (has_requant || !requant_terms)) {
+    if (matches && current && has_tail && (has_requant || !requant_terms)) {
       ForwardResult r;
       r.tier = Tier::quantized;
       r.routing.tokens = T, r.routing.top_k = k;
