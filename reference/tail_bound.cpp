@@ -37,6 +37,12 @@ void FlipTail::add(double p, double a) {
   if (!(p > 0) || !(a > 0) || !(a_max_ > 0)) return;
   double pp = std::min(p, 1 - p);
   if (!(pp > 0)) return;  // p = 1: a certain move, no crossing (its second moment stays Gaussian)
+  // A crossing below kFlipTailExactP keeps no exact place: the largest sizes with so small a
+  // probability would crowd out the terms that decide a test (the judge leaves the rarest out).
+  if (pp < kFlipTailExactP) {
+    add_to_bin(pp, a);
+    return;
+  }
   // Insert into the exact list (a descending); what falls off its end goes to the bins.
   for (int64_t i = 0; i < kFlipTailExact; ++i)
     if (exact_p_[i] == 0 || a >= exact_a_[i]) {

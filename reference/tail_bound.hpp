@@ -32,11 +32,12 @@
 namespace moecheck {
 
 // A slot's crossings as stored with the reference (/reference/quantized/slot_flip_tail,
-// golden/FORMAT.md): entry 0 the largest a, a_max; then the kFlipTailExact largest crossings as
-// (p', a) pairs, a descending ((0, 0) where the slot has fewer); then per bin b =
+// golden/FORMAT.md): entry 0 the largest a, a_max; then the kFlipTailExact largest crossings of
+// p' >= kFlipTailExactP as (p', a) pairs, a descending ((0, 0) where the slot has fewer); then per bin b =
 // 0..kFlipTailBins-1, of the other terms with a in (a_max 2^(-(b+1)/2), a_max 2^(-b/2)] (the last
 // bin also everything smaller), their count, sum of p' and sum of p' (1 - p') a^2.
 inline constexpr int64_t kFlipTailExact = 8;
+inline constexpr double kFlipTailExactP = 1e-12;  // the smallest p' kept exactly
 inline constexpr int64_t kFlipTailBins = 16;
 inline constexpr int64_t kFlipTailWidth = 1 + 2 * kFlipTailExact + 3 * kFlipTailBins;
 
