@@ -246,6 +246,8 @@ std::optional<ReferenceData> CaseReader::read_reference(const std::string& tier)
   if (m.good.count(p + "/slot_noise_var")) r.slot_noise_var = doubles("slot_noise_var", {T, k, H});
   if (m.good.count(p + "/requant_direction")) r.requant_direction = doubles("requant_direction", {T, H});
   if (m.good.count(p + "/requant_terms")) r.requant_terms = doubles("requant_terms", {T, 4});
+  if (m.good.count(p + "/requant_flip_tail"))
+    r.requant_flip_tail = doubles("requant_flip_tail", {T, k, kFlipTailWidth});
   return r;
 }
 

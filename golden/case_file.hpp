@@ -113,6 +113,7 @@ struct ReferenceData {
   // [T, H] and per token [T, 4] the skipped step's signal, the variance, the mean and its bound.
   std::vector<double> requant_direction;
   std::vector<double> requant_terms;
+  std::vector<double> requant_flip_tail;  // [T, k, 65] the codes' crossings among its variance terms
 };
 
 bool is_reference_tier(std::string_view tier);  // "ideal" | "quantized"

@@ -126,6 +126,8 @@ void write_reference(const H5::Group& reference, const std::string& tier, const 
   if (!r.slot_noise_var.empty()) write_f64(g, "slot_noise_var", {t, k, h}, r.slot_noise_var);
   if (!r.requant_direction.empty()) write_f64(g, "requant_direction", {t, h}, r.requant_direction);
   if (!r.requant_terms.empty()) write_f64(g, "requant_terms", {t, 4}, r.requant_terms);
+  if (!r.requant_flip_tail.empty())
+    write_f64(g, "requant_flip_tail", {t, k, uint64_t(kFlipTailWidth)}, r.requant_flip_tail);
 }
 
 std::string temporary_for(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }

@@ -152,13 +152,13 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   J.flip_tail = ref.slot_flip_tail;
   if (J.flip_projection.empty() || J.flip_tail.size() != size_t(T * k * kFlipTailWidth)) J.flip_tail.clear();
   J.requant = ref.requant;
-  if (!J.requant.complete(T, H)) J.requant.clear();
+  if (!J.requant.complete(T, H, k)) J.requant.clear();
 
   const Reruns rr = find_near_ties(p, ref, obs, opt.model, R);
   if (!rr.tokens.empty()) {
     const ForwardResult alt = rerun_reference(p, rr, opt, !J.requant.direction.empty());
     // The re-run could not follow: no test rather than a partial one.
-    if (!alt.requant.complete(int64_t(rr.tokens.size()), H)) J.requant.clear();
+    if (!alt.requant.complete(int64_t(rr.tokens.size()), H, k)) J.requant.clear();
     for (size_t i = 0; i < rr.tokens.size(); ++i) {
       const int64_t t = rr.tokens[i];
       bool take = !obs.topk_ids.empty();
@@ -184,7 +184,7 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       if (alt.slot_flip_tail.size() != rr.tokens.size() * size_t(k * kFlipTailWidth)) J.flip_tail.clear();
       if (!J.flip_tail.empty())
         std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
-      if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H);
+      if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H, k);
       std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
     }

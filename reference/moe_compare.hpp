@@ -95,7 +95,7 @@ struct TokenScale {
 struct RequantTest {
   double beta = 0, se = 0;
   double allow = 0;       // |mean of beta| a correct device may have (its crossings' mean, its scale)
-  double detectable = 0;  // allow + z se: the smallest |beta| the test flags
+  double detectable = 0;  // allow + the threshold of se's terms (TailBound): the smallest |beta| the test flags
   bool ok = true;
   bool fitted = false;    // false when the reference has no direction (no model, or r = 0)
 };

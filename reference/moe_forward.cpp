@@ -37,6 +37,10 @@ std::optional<Tier> parse_tier(std::string_view s) {
 }
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
+double silu_slope(double g) {
+  const double sg = 1.0 / (1.0 + std::exp(-g));
+  return sg * (1.0 + g * (1.0 - sg));
+}
 double round_to(double x, Precision p) { return p == Precision::bf16 ? double(bf16_round(x)) : double(fl32(x)); }
 
 namespace {
@@ -822,6 +826,8 @@ void expert_store(const ExpertRun& e, double* slot_out, double* slot_budget, dou
         std::copy_n(s.jp.row(r).data(), s.jp.cols(), bc.requant.jump_p + slot * s.jp.cols());
         std::copy_n(s.jrup.row(r).data(), s.jp.cols(), bc.requant.jump_rel_up + slot * s.jp.cols());
         std::copy_n(s.jrdn.row(r).data(), s.jp.cols(), bc.requant.jump_rel_dn + slot * s.jp.cols());
+        for (int64_t i = 0; i < I; ++i)
+          bc.requant.flip_p[slot * I + i] = float(s.fp(r, i)), bc.requant.flip_step[slot * I + i] = float(s.fstep(r, i));
       }
     }
     if (bc.ideal) std::copy_n(s.qy.row(r).data(), H, slot_ideal + job.slots[r] * H);
@@ -901,6 +907,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   std::vector<float> requant_r;                  // §10.7 per slot (requant_projection.hpp)
   std::vector<double> requant_hvar, requant_hmean, requant_hmb, requant_delta, requant_h, requant_gsv;
   std::vector<double> requant_jcup, requant_jcdn, requant_jp, requant_jrup, requant_jrdn;
+  std::vector<float> requant_fp, requant_fstep;
   if (model) {
     bc.model = model;
     bc.chunked = uses_chunked_truncation(model->acc);
@@ -947,6 +954,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     requant_jcup.assign(requant_hvar.size(), 0.0), requant_jcdn.assign(requant_hvar.size(), 0.0);
     requant_jp.assign(requant_gsv.size(), 0.0), requant_jrup.assign(requant_gsv.size(), 0.0);
     requant_jrdn.assign(requant_gsv.size(), 0.0);
+    requant_fp.assign(requant_hvar.size(), 0.0f), requant_fstep.assign(requant_hvar.size(), 0.0f);
   }
 
   bc.ideal = ideal_bound;
@@ -1001,7 +1009,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     if (model && opt.requant_terms)
       bc.requant = {requant_r.data(), requant_hvar.data(), requant_hmean.data(), requant_hmb.data(),
                     requant_delta.data(), requant_h.data(), requant_gsv.data(), requant_jp.data(),
-                    requant_jrup.data(),  requant_jrdn.data(), requant_jcup.data(), requant_jcdn.data()};
+                    requant_jrup.data(),  requant_jrdn.data(), requant_jcup.data(), requant_jcdn.data(),
+                    requant_fp.data(),    requant_fstep.data()};
     if (keep_slots) {
       slots = res.expert_outputs.data() + t0 * k * H;
     } else {

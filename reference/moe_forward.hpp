@@ -110,9 +110,12 @@ struct ForwardOptions {
 // mean and a bound on the mean's unsigned part of the intermediate deviations' share of <d_t, q_t>.
 struct RequantTerms {
   std::vector<double> direction, signal, var, mean, mean_bound;
-  bool complete(int64_t T, int64_t H) const;  // every field sized for T tokens
+  // Per slot [T, k, kFlipTailWidth]: the codes' crossings among the var terms as rare bounded
+  // terms of <d_t, q_t> (FlipTail, reference/tail_bound.hpp; BUDGETS.md §10.8).
+  std::vector<double> tail;
+  bool complete(int64_t T, int64_t H, int64_t k) const;  // every field sized for T tokens
   void clear();
-  void copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H);  // from's token i -> token t
+  void copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H, int64_t k);  // from's token i -> token t
 };
 
 struct ForwardResult {
@@ -147,6 +150,8 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt);
 
 // SiLU in double: g / (1 + exp(-g)) (g -> -inf gives -0, never NaN).
 double silu(double g);
+// Its derivative, sigma(g) (1 + g (1 - sigma(g))), sigma the logistic function.
+double silu_slope(double g);
 
 // x rounded to precision p as the quantized tier rounds it: bf16 RNE, or float32.
 double round_to(double x, Precision p);

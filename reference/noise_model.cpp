@@ -8,6 +8,7 @@
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_forward.hpp"
+#include "reference/rounded_mixture.hpp"
 
 namespace moecheck {
 
@@ -24,16 +25,20 @@ struct Crossing {
   double crossed = 0;  // its second moment from the crossings alone, p (step^2 + var): no floor
   double p = 0;        // the crossing's probability, p_lo + p_hi (at most 1)
 };
-Crossing cell_crossing(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
-  if (!(var > 0)) return {};
-  const double p_lo = crossing_probability(v - (vr - lo), var);
-  const double p_hi = std::isinf(hi) ? 0.0 : crossing_probability(vr + hi - v, var);
+// The crossing of probabilities p_lo (down, by step_lo) and p_hi (up, by step_hi).
+Crossing crossing_of(double p_lo, double p_hi, double step_lo, double step_hi, double var) {
   const double step = std::max(step_lo, step_hi);
   // Never below var itself: an element whose crossing probability underflows keeps a finite
   // weight in the aggregate fits (and the model stays conservative there).
   const double crossed = std::min(1.0, p_lo + p_hi) * (step * step + var);
   return {std::max(crossed, var), std::min(1.0, p_hi) * step_hi - std::min(1.0, p_lo) * step_lo, crossed,
           std::min(1.0, p_lo + p_hi)};
+}
+Crossing cell_crossing(double v, double vr, double var, double lo, double hi, double step_lo, double step_hi) {
+  if (!(var > 0)) return {};
+  const double p_lo = crossing_probability(v - (vr - lo), var);
+  const double p_hi = std::isinf(hi) ? 0.0 : crossing_probability(vr + hi - v, var);
+  return crossing_of(p_lo, p_hi, step_lo, step_hi, var);
 }
 
 // Steps of a binary grid with `mant` fraction bits and smallest normal exponent emin at r: the
@@ -64,27 +69,19 @@ double grid_crossing_var(double v, double vr, double var, int mant, int emin, bo
   return grid_crossing(v, vr, var, mant, emin, saturate_at_vr).var;
 }
 
-// The probability that the device's v + X (X of variance var) leaves the rounding cell of vr on
-// that grid (A2: normal approximation), and the grid's step at vr.
-struct CellExit {
-  double p, step;
-};
-CellExit cell_exit(double v, double vr, double var, int mant, int emin) {
-  const Steps s = grid_steps(vr, mant, emin);
-  const double below = (vr < 0 ? s.at : s.below) / 2, above = (vr < 0 ? s.below : s.at) / 2;
-  const double p = crossing_probability(v - (vr - below), var) + crossing_probability(vr + above - v, var);
-  return {std::min(1.0, p), s.at};
+// An e4m3 code's crossing with the probabilities of leaving its cell down (p_lo) and up (p_hi):
+// the move is the step toward zero or away from it, as for grid_crossing.
+Crossing code_crossing(double cv, double var, double p_lo, double p_hi) {
+  const Steps s = grid_steps(cv, 3, -6);
+  return cv < 0 ? crossing_of(p_lo, p_hi, s.at, s.below, var) : crossing_of(p_lo, p_hi, s.below, s.at, var);
 }
 
-// d/dg silu(g) = sigma(g) (1 + g (1 - sigma(g))).
-double silu_slope(double g) {
-  const double sg = 1.0 / (1.0 + std::exp(-g));
-  return sg * (1.0 + g * (1.0 - sg));
-}
 }  // namespace
 
 double crossing_probability(double dist, double var) {
   if (!(var > 0)) return dist > 0 ? 0.0 : 1.0;
+  // Beyond 27 of erfc's argument the result is below 1e-318: no call needed.
+  if (dist * dist > 1458 * var) return dist > 0 ? 0.0 : 1.0;
   return 0.5 * std::erfc(dist / std::sqrt(2 * var));
 }
 
@@ -128,7 +125,7 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
   const Precision ip = c.intermediate_dtype;
   // Step 1 (§10.2): h before re-quantization, linearised: gate and up rounded to ip, silu in
   // float32 (silu_ulps) and possibly bf16, the product and its rounding to ip.
-  std::vector<double> vh(static_cast<size_t>(I)), h_pre(vh.size()), v_pre(vh.size());
+  std::vector<double> vh(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     const double g0 = x[gate0 + i], u0 = x[up0 + i];
     const double g = round_to(g0, ip), u = round_to(u0, ip);
@@ -137,10 +134,17 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     double vs = slope * slope * vg + ds * ds;
     double sg = s0;
     if (c.recipe.silu_dtype == Precision::bf16) sg = round_to(s0, Precision::bf16), vs = rounded_noise_var(s0, sg, vs);
+    // Var(S U) of independent S, U is sg^2 vu + u^2 vs + vs vu: the last, second-order term is
+    // what remains where gate and up both cancel to about 0 (gate seed 50 case 255: an h of 1e-31
+    // whose device value was a third of the group's amax, error energy 8.5 times the first-order
+    // prediction).
     const double h0 = sg * u, dp = kU32 * std::fabs(h0);
-    h_pre[size_t(i)] = h0, v_pre[size_t(i)] = u * u * vs + sg * sg * vu + dp * dp;
-    vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), v_pre[size_t(i)], ip);
+    vh[size_t(i)] = rounded_noise_var(h0, double(h[i]), u * u * vs + sg * sg * vu + vs * vu + dp * dp, ip);
   }
+  // Where the device's h may leave an interval (a code's cell, a scale's binade), the probability
+  // is taken from gate's and up's rounded values themselves (§10.9), not from vh's normal
+  // approximation.
+  auto mixture = [&](int64_t i) { return intermediate_mixture(c, m, x[gate0 + i], vx[gate0 + i], x[up0 + i], vx[up0 + i]); };
   // Step 2: re-quantization per group. The scale follows the group's amax (the element of the
   // largest |h|): float32 scales move continuously with it, UE8M0 scales by a factor of two
   // when amax crosses a power-of-two boundary.
@@ -183,12 +187,11 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
         // within 0.6% below a rounding boundary one step up: the slot 2.8% high).
         if (scale_rel_var) scale_rel_var[g0 / G] = vs / (s * s);
         if (jumps) {
-          const size_t j = size_t(jmax);
-          const CellExit x = ip == Precision::bf16 ? cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 7, -126)
-                                                   : cell_exit(h_pre[j], double(h[jmax]), v_pre[j], 23, -126);
-          if (x.p > 1e-12) {
+          const auto [lo, hi] = rounding_cell(double(h[jmax]), ip);
+          const auto [p_lo, p_hi] = mixture(jmax).exits(lo, hi, 0.0, 0.0);
+          if (p_lo + p_hi > 1e-12) {
             // The device's amax is the neighbour; the others keep their values.
-            jumps->p[g0 / G] = x.p;
+            jumps->p[g0 / G] = std::min(1.0, p_lo + p_hi);
             const Precision jp = ip == Precision::bf16 ? Precision::bf16 : Precision::f32;
             std::vector<float> moved(h + g0, h + g0 + n);
             for (int dir : {+1, -1}) {
@@ -204,8 +207,18 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
           }
         }
       } else {
-        const double va = vamax + (448 * dsl) * (448 * dsl);
-        p_up = crossing_probability(448.0 * s - amax, va), p_dn = crossing_probability(amax - 224.0 * s, va);
+        // |amax| rounded above 448 s doubles the scale, to 224 s or below halves it (counted for
+        // the amax element alone: conservative); the division by 448 adds its float32 slack.
+        const double up_edge = upper_rounding_edge(448.0 * s, ip), dn_edge = upper_rounding_edge(224.0 * s, ip);
+        const IntermediateMixture mj = mixture(jmax);
+        const double va = (448 * dsl) * (448 * dsl);
+        if (h[jmax] >= 0) {
+          const auto e = mj.exits(dn_edge, up_edge, 0.0, va);
+          p_dn = e.first, p_up = e.second;
+        } else {
+          const auto e = mj.exits(-up_edge, -dn_edge, 0.0, va);
+          p_up = e.first, p_dn = e.second;
+        }
         // The doubled or halved scale re-quantizes the whole group (ScaleJumps): every element
         // rounds on the other grid, a change shared by the group's projections, as for the
         // float32 scale's jump above.
@@ -225,7 +238,11 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
       const double vv = vh[size_t(i)] / (s * s) + v * v * vs / (s * s) + (dw * v) * (dw * v);
       // Codes saturate at +-448: nothing beyond rounds elsewhere.
       const double st = grid_steps(cv, 3, -6).at * s;
-      const Crossing x = grid_crossing(v, cv, vv, 3, -6, std::fabs(cv) == 448.0);
+      // The code's crossing (§10.9): the mixture's probability of leaving the code's cell, with the
+      // scale's continuous deviation and the division's slack as the last continuous terms.
+      const auto [lo, hi] = code_cell_before_rounding(cv, s, ip);
+      const auto [p_lo, p_hi] = mixture(i).exits(lo, hi, vs / (s * s) + dw * dw, 0.0);
+      const Crossing x = code_crossing(cv, vv, p_lo, p_hi);
       const double scale_terms = cv * cv * vs + std::min(1.0, p_up) * (1.5 * st) * (1.5 * st) +
                                  std::min(1.0, p_dn) * (0.75 * st) * (0.75 * st);
       var[i] = s * s * x.var + scale_terms;

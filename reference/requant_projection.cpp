@@ -7,6 +7,7 @@
 
 #include "reference/noise_model.hpp"
 #include "reference/parallel_jobs.hpp"
+#include "reference/tail_bound.hpp"
 #include "reference/weight_panel.hpp"
 
 namespace moecheck {
@@ -16,16 +17,17 @@ double requant_weight(double var, double cell) {
   return c2 > 0 ? c2 / (c2 + var) : 0.0;
 }
 
-bool RequantTerms::complete(int64_t T, int64_t H) const {
+bool RequantTerms::complete(int64_t T, int64_t H, int64_t k) const {
   const size_t t = size_t(T);
   return direction.size() == t * size_t(H) && signal.size() == t && var.size() == t && mean.size() == t &&
-         mean_bound.size() == t;
+         mean_bound.size() == t && tail.size() == t * size_t(k * kFlipTailWidth);
 }
 
 void RequantTerms::clear() { *this = {}; }
 
-void RequantTerms::copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H) {
+void RequantTerms::copy_token(const RequantTerms& from, int64_t i, int64_t t, int64_t H, int64_t k) {
   std::copy_n(&from.direction[size_t(i * H)], H, &direction[size_t(t * H)]);
+  std::copy_n(&from.tail[size_t(i * k * kFlipTailWidth)], k * kFlipTailWidth, &tail[size_t(t * k * kFlipTailWidth)]);
   signal[size_t(t)] = from.signal[size_t(i)], var[size_t(t)] = from.var[size_t(i)];
   mean[size_t(t)] = from.mean[size_t(i)], mean_bound[size_t(t)] = from.mean_bound[size_t(i)];
 }
@@ -58,7 +60,7 @@ struct Workspace {
 };
 void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& in, const std::vector<double>& dir,
                     const ExpertView& w, const std::vector<int64_t>& slots, Workspace& ws, double* slot_signal,
-                    double* slot_var, double* slot_mean, double* slot_bound) {
+                    double* slot_var, double* slot_mean, double* slot_bound, double* slot_tail) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, B = c.weight_block, k = c.top_k, G = c.group_size;
   const int64_t n = static_cast<int64_t>(slots.size()), ng = (I + G - 1) / G;
   ws.R.resize(n, H);
@@ -81,6 +83,8 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
     const double* dl = in.delta + slot * I;
     const double* h = in.h + slot * I;
     const double* gsv = in.group_scale_var + slot * ng;
+    const float* fp = in.flip_p + slot * I;
+    const float* fs = in.flip_step + slot * I;
     double sig = 0, v = 0, m = 0, b = 0;
     for (int64_t i = 0; i < I; ++i) {
       const double g = ws.G(r, i);
@@ -89,6 +93,21 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
       m += hm[i] * g;
       b += hb[i] * std::fabs(g);
     }
+    // The codes' crossings among v's terms (§10.8): code i moves <d_t, q_t> by its step |w_j g_i|
+    // with probability p (at most its share hv / step^2 of the second moment), a rare term of its
+    // own size that a Gaussian tail of the same variance would treat as impossible.
+    auto crossing = [&](int64_t i) {
+      const double a = double(fs[i]) * std::fabs(wj * ws.G(r, i));
+      const double p = a > 0 ? std::min(double(fp[i]), hv[i] / (double(fs[i]) * double(fs[i]))) : 0.0;
+      return std::pair{std::min(p, 1 - p) > 0 ? p : 0.0, a};
+    };
+    double a_max = 0;
+    for (int64_t i = 0; i < I; ++i)
+      if (const auto [p, a] = crossing(i); p > 0) a_max = std::max(a_max, a);
+    FlipTail ft(a_max);
+    for (int64_t i = 0; i < I; ++i)
+      if (const auto [p, a] = crossing(i); p > 0) ft.add(p, a);
+    ft.write(slot_tail + slot * kFlipTailWidth);
     const double* cup = in.jump_code_up + slot * I;
     const double* cdn = in.jump_code_dn + slot * I;
     const double* jp = in.jump_p + slot * ng;
@@ -117,6 +136,7 @@ void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSl
   const MoeConfig& c = p.config;
   const int64_t T = p.tokens, k = c.top_k;
   combine_directions(c, rt, in.r, T, res.requant.direction);
+  res.requant.tail.assign(static_cast<size_t>(T * k * kFlipTailWidth), 0.0);
   std::vector<double> slot_var(static_cast<size_t>(T * k), 0.0), slot_mean(slot_var.size(), 0.0);
   std::vector<double> slot_bound(slot_var.size(), 0.0), slot_signal(slot_var.size(), 0.0);
   parallel_jobs<Workspace>(experts.size(), threads, [&](size_t i, Workspace& ws) {
@@ -126,7 +146,7 @@ void requant_projections(const MoeProblem& p, const Routing& rt, const RequantSl
       w = p.load_expert(experts[i].expert);
     }
     project_expert(c, rt, in, res.requant.direction, w, *experts[i].slots, ws, slot_signal.data(), slot_var.data(),
-                   slot_mean.data(), slot_bound.data());
+                   slot_mean.data(), slot_bound.data(), res.requant.tail.data());
   });
   res.requant.signal.assign(static_cast<size_t>(T), 0.0);
   res.requant.var.assign(static_cast<size_t>(T), 0.0);

@@ -49,6 +49,9 @@ struct RequantSlots {
   double* jump_rel_dn = nullptr;
   double* jump_code_up = nullptr;
   double* jump_code_dn = nullptr;
+  // Each code's own crossing (noise_model.hpp CodeFlips): probability and step [T*k, I].
+  float* flip_p = nullptr;
+  float* flip_step = nullptr;
 };
 
 // The test direction's weight of one intermediate whose crossings' second moment is var and

@@ -29,8 +29,9 @@ std::vector<double> pack_requant_terms(const RequantTerms& q) {
 
 // The stored terms when whole and sane (finite; the variance and the mean's bound >= 0), else
 // nullopt: a damaged store is computed again and changes no judgement.
-std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t T, int64_t H) {
-  if (stored.requant_direction.size() != size_t(T * H) || stored.requant_terms.size() != size_t(T * 4))
+std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t T, int64_t H, int64_t k) {
+  if (stored.requant_direction.size() != size_t(T * H) || stored.requant_terms.size() != size_t(T * 4) ||
+      stored.requant_flip_tail.size() != size_t(T * k * kFlipTailWidth))
     return std::nullopt;
   for (const double d : stored.requant_direction)
     if (!std::isfinite(d)) return std::nullopt;
@@ -42,6 +43,7 @@ std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t 
     q.signal.push_back(r[0]), q.var.push_back(r[1]), q.mean.push_back(r[2]), q.mean_bound.push_back(r[3]);
   }
   q.direction = std::move(stored.requant_direction);
+  q.tail = std::move(stored.requant_flip_tail);
   return q;
 }
 
@@ -108,9 +110,10 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.slot_flip_tail = r.slot_flip_tail;
     d.slot_noise_var = r.slot_noise_var;
     const int64_t T = r.routing.tokens;
-    if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T)) {
+    if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T, r.routing.top_k)) {
       d.requant_direction = r.requant.direction;
       d.requant_terms = pack_requant_terms(r.requant);
+      d.requant_flip_tail = r.requant.tail;
     }
   }
   add_reference_to_case(case_path, std::string(to_string(tier)), d, out_path);
@@ -125,7 +128,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
     const auto rev = stored->attributes.find("noise_model");
     const bool current = rev != stored->attributes.end() && rev->second == kNoiseModelRevision;
     const int64_t T = cp.tokens(), k = cp.config().top_k, H = cp.config().hidden_size;
-    std::optional<RequantTerms> requant = requant_terms ? stored_requant_terms(*stored, T, H) : std::nullopt;
+    std::optional<RequantTerms> requant = requant_terms ? stored_requant_terms(*stored, T, H, k) : std::nullopt;
     const bool has_requant = requant.has_value();
     const bool matches =
         stored->input_hash == input_hash && it != stored->attributes.end() && it->second == model_name &&
