@@ -243,6 +243,8 @@ std::optional<ReferenceData> CaseReader::read_reference(const std::string& tier)
   if (m.good.count(p + "/noise_var")) r.noise_var = doubles("noise_var", {T, H});
   if (m.good.count(p + "/slot_flip_projection")) r.slot_flip_projection = doubles("slot_flip_projection", {T, k});
   if (m.good.count(p + "/slot_flip_tail")) r.slot_flip_tail = doubles("slot_flip_tail", {T, k, kFlipTailWidth});
+  if (m.good.count(p + "/slot_energy_tail"))
+    r.slot_energy_tail = doubles("slot_energy_tail", {T, k, kEnergyTailWidth});
   if (m.good.count(p + "/slot_noise_var")) r.slot_noise_var = doubles("slot_noise_var", {T, k, H});
   if (m.good.count(p + "/requant_direction")) r.requant_direction = doubles("requant_direction", {T, H});
   if (m.good.count(p + "/requant_terms")) r.requant_terms = doubles("requant_terms", {T, 4});

@@ -108,6 +108,7 @@ struct ReferenceData {
   std::vector<double> noise_var;         // [T, H] noise variance of the aggregate tests
   std::vector<double> slot_flip_projection;  // [T, k] re-quantization flips' projections (bias test's SE)
   std::vector<double> slot_flip_tail;        // [T, k, 65] the crossings among the flips (reference/tail_bound.hpp)
+  std::vector<double> slot_energy_tail;      // [T, k, 66] the same crossings by the norm of their move
   std::vector<double> slot_noise_var;        // [T, k, H] noise variance of the slot outputs
   // The re-quantization test's terms (reference/BUDGETS.md §10.7), optional: its direction
   // [T, H] and per token [T, 4] the skipped step's signal, the variance, the mean and its bound.

@@ -123,6 +123,8 @@ void write_reference(const H5::Group& reference, const std::string& tier, const 
   if (!r.noise_var.empty()) write_f64(g, "noise_var", {t, h}, r.noise_var);
   if (!r.slot_flip_projection.empty()) write_f64(g, "slot_flip_projection", {t, k}, r.slot_flip_projection);
   if (!r.slot_flip_tail.empty()) write_f64(g, "slot_flip_tail", {t, k, uint64_t(kFlipTailWidth)}, r.slot_flip_tail);
+  if (!r.slot_energy_tail.empty())
+    write_f64(g, "slot_energy_tail", {t, k, uint64_t(kEnergyTailWidth)}, r.slot_energy_tail);
   if (!r.slot_noise_var.empty()) write_f64(g, "slot_noise_var", {t, k, h}, r.slot_noise_var);
   if (!r.requant_direction.empty()) write_f64(g, "requant_direction", {t, h}, r.requant_direction);
   if (!r.requant_terms.empty()) write_f64(g, "requant_terms", {t, 4}, r.requant_terms);

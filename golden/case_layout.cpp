@@ -191,6 +191,7 @@ std::vector<Spec> reference_specs(const MoeConfig& c, bool ok, int64_t T) {
       {"noise_var", Encoding::f64, {t, h}, Presence::optional},
       {"slot_flip_projection", Encoding::f64, {t, k}, Presence::optional},
       {"slot_flip_tail", Encoding::f64, {t, k, known(kFlipTailWidth, "65", true)}, Presence::optional},
+      {"slot_energy_tail", Encoding::f64, {t, k, known(kEnergyTailWidth, "66", true)}, Presence::optional},
       {"slot_noise_var", Encoding::f64, {t, k, h}, Presence::optional},
       {"requant_direction", Encoding::f64, {t, h}, Presence::optional},
       {"requant_terms", Encoding::f64, {t, known(4, "4", true)}, Presence::optional},

@@ -165,11 +165,40 @@ double aggregate_threshold(const TailBound& tb, double z) { return tb.threshold(
 // the ratio 1 + t / sum sigma^2 (BUDGETS.md §10.5). Independence across elements is assumed; a
 // chi-square limit (Laurent-Massart) or a clipped energy false-alarms where one re-quantization
 // flip moves every element of a slot (measured: backend_compare_test seed 390).
+//
+// One crossing moves every element of its slot at once (a = step ||W2[:, i]||), so where one is
+// large beside the predicted energy, the elements are not independent (gate seed 50 case 255: a
+// crossing of p 0.117 made a one-slot expert's energy 1 / p = 8.5 times its prediction, against
+// a limit of 5.9). Then the observation's root energy is at most the root of the rest's limit
+// (Bernstein, as above, the crossings' variance still counted in it) plus their joint move,
+// ||sum B_i v_i|| <= sum B_i a_i (large_crossings_move); each of the two at tail probability
+// e^-x / 2 (x + ln 2).
 double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoeProblem& p, size_t experts,
-                    const CompareOptions& opt) {
+                    const CompareOptions& opt, double move) {
   if (!(sum_var > 0)) return 1.0;
-  const double z = aggregate_z(p, experts, opt), x = z * z / 2, a = x * b2_max / 3;
-  return 1 + (a + std::sqrt(a * a + 2 * x * sum_b2var)) / sum_var;
+  const double z = aggregate_z(p, experts, opt), x = z * z / 2 + (move > 0 ? std::log(2.0) : 0.0);
+  const double a = x * b2_max / 3, rest = sum_var + a + std::sqrt(a * a + 2 * x * sum_b2var);
+  return (move > 0 ? std::pow(std::sqrt(rest) + move, 2) : rest) / sum_var;
+}
+
+double large_crossings_move(const JudgedReference& J, const std::vector<int64_t>& slots, bool have_slots,
+                            double en_pred, double x) {
+  if (J.energy_tail.empty() || !(en_pred > 0)) return 0.0;
+  const double a_min = 0.5 * std::sqrt(en_pred);
+  TailBound tb;
+  double mean = 0;  // sum p a of the crossings taken: the non-centred part
+  bool any = false;
+  for (const int64_t s : slots) {
+    const double f = have_slots ? 1.0 : std::fabs(J.weights[size_t(s)]);
+    const double* tail = &J.energy_tail[size_t(s * kEnergyTailWidth)];
+    if (tail[kFlipTailWidth] * f > a_min) mean += tail[kFlipTailWidth] * f, any = true;  // p > 1/2: always
+    FlipTail::for_each(tail, [&](double n, double P, double V, double a) {
+      if (!(a * f > a_min)) return;
+      any = true, mean += P * a * f;
+      tb.add_crossings(n, P, f * f * V, a * f);
+    });
+  }
+  return any ? mean + tb.threshold(x) : 0.0;
 }
 
 void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,
@@ -206,7 +235,8 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
     v.beta_detectable = fitted ? v.beta_allow + aggregate_threshold(tb, z) : 0.0;
     v.bias_ok = !(std::fabs(v.beta) > v.beta_detectable);
     v.energy_ratio = S.en_pred[x] > 0 ? S.en_obs[x] / S.en_pred[x] : 0.0;
-    v.energy_limit = energy_limit(S.en_pred[x], S.var_sq[x], S.var_max[x], p, NE, opt);
+    const double move = large_crossings_move(J, slots, X.have_slots, S.en_pred[x], z * z / 2 + std::log(2.0));
+    v.energy_limit = energy_limit(S.en_pred[x], S.var_sq[x], S.var_max[x], p, NE, opt, move);
     v.energy_ok = !(v.energy_ratio > v.energy_limit);
     v.rel_l2 = S.l2_r[x] > 0 ? std::sqrt(S.l2_d[x] / S.l2_r[x]) : 0.0;
     v.pass = !v.blamed && v.max_ratio <= 1.0 && v.bias_ok && v.energy_ok;

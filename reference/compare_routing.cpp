@@ -151,6 +151,8 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   if (J.flip_projection.size() != size_t(T * k)) J.flip_projection.clear();
   J.flip_tail = ref.slot_flip_tail;
   if (J.flip_projection.empty() || J.flip_tail.size() != size_t(T * k * kFlipTailWidth)) J.flip_tail.clear();
+  J.energy_tail = ref.slot_energy_tail;
+  if (J.energy_tail.size() != size_t(T * k * kEnergyTailWidth)) J.energy_tail.clear();
   J.requant = ref.requant;
   if (!J.requant.complete(T, H, k)) J.requant.clear();
 
@@ -184,6 +186,10 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       if (alt.slot_flip_tail.size() != rr.tokens.size() * size_t(k * kFlipTailWidth)) J.flip_tail.clear();
       if (!J.flip_tail.empty())
         std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
+      if (alt.slot_energy_tail.size() != rr.tokens.size() * size_t(k * kEnergyTailWidth)) J.energy_tail.clear();
+      if (!J.energy_tail.empty())
+        std::copy_n(&alt.slot_energy_tail[i * k * kEnergyTailWidth], k * kEnergyTailWidth,
+                    &J.energy_tail[t * k * kEnergyTailWidth]);
       if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H, k);
       std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
       std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);

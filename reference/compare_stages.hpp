@@ -40,6 +40,9 @@ struct JudgedReference {
   // [T, k, kFlipTailWidth] the flips among them as bounded terms (FlipTail), or empty: then every
   // flip projection counts as Gaussian variance.
   std::vector<double> flip_tail;
+  // [T, k, kEnergyTailWidth] the same crossings by the norm of their move of the slot output (the
+  // energy test's), or empty: then the energy test takes every element as independent.
+  std::vector<double> energy_tail;
   // Crossings left out of the aggregate tests: a slot's crossings or bins (FlipTail) whose
   // TailBound::rare_score is at most rare_cut; together of probability at most
   // kRareCrossingShare of the output's false-alarm level (rare_crossing_cut; BUDGETS.md §10.8).
@@ -96,9 +99,16 @@ void add_slot_flips(const JudgedReference& J, int64_t s, double f, TailBound& tb
 // The threshold of a test with noise tb at the aggregate tests' z: with tail probability
 // e^(-z^2 / 2), as z sigma is for a Gaussian (BUDGETS.md §10.8).
 double aggregate_threshold(const TailBound& tb, double z);
-// The energy test's limit on sum d^2 / sum sigma^2 at that level.
+// The energy test's limit on sum d^2 / sum sigma^2 at that level; move: the bound on the large
+// crossings' move of the expert's slots (large_crossings_move), 0 when it has none.
 double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoeProblem& p, size_t experts,
-                    const CompareOptions& opt);
+                    const CompareOptions& opt, double move = 0);
+// The bound, at tail probability e^-x, on how far the expert's large crossings (those of the
+// slots' energy tails that move their slot by more than half the root of the predicted energy
+// en_pred) move its outputs together: sum of B_i a_i (f a_i: the routing weight's on the
+// combined output); 0 when there are none or the reference has no energy tails (BUDGETS.md §10.8).
+double large_crossings_move(const JudgedReference& J, const std::vector<int64_t>& slots, bool have_slots,
+                            double en_pred, double x);
 
 // Fills each expert's bias and energy statistics and its pass.
 void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,

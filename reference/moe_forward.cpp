@@ -143,6 +143,10 @@ struct PanelExtras {
   // When given, back is needed only at these (row, column) pairs (the flip-able intermediates of
   // each row): computed as dot products when they are few, else as the whole product.
   const std::vector<std::vector<std::pair<int64_t, double>>>* back_only = nullptr;
+  // With back: col_sq [K] = the squared norms of W's columns, sum over the N rows of W[:, k]^2
+  // (how far a flip of input k moves the whole output: the energy test's crossings, §10.8), at
+  // the back_only columns when the back product is sparse (0 elsewhere), else at every column.
+  std::vector<double>* col_sq = nullptr;
   const TruncationProduct* trunc = nullptr;  // needs n_abs > 0 (it reads the |W| panel)
   // sq: out = in * (W o W)^T, the sums of squares of the noise model (BUDGETS.md §10.2), through
   // the float32 buffers sq_buf.
@@ -173,6 +177,16 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     size_t pairs = 0;
     for (const auto& f : *ex.back_only) pairs += f.size();
     sparse_back = pairs * 16 <= size_t(a.rows() * K);
+  }
+  std::vector<int64_t> sq_cols;  // the columns col_sq is needed at (sparse back product)
+  if (ex.col_sq) {
+    ex.col_sq->assign(size_t(K), 0.0);
+    if (sparse_back) {
+      std::vector<char> seen(size_t(K), 0);
+      for (const auto& f : *ex.back_only)
+        for (const auto& [col, dh] : f)
+          if (!seen[size_t(col)]) seen[size_t(col)] = 1, sq_cols.push_back(col);
+    }
   }
   if (ex.trunc) ex.trunc->err->resize(a.rows(), N);
   if (ex.trunc && ex.trunc->var) ex.trunc->var->resize(a.rows(), N);
@@ -243,6 +257,13 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
       }
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
+    if (ex.col_sq && !sparse_back)
+      Eigen::Map<Eigen::RowVectorXd>(ex.col_sq->data(), K) += w.array().square().colwise().sum().matrix();
+    for (const int64_t col : sq_cols) {
+      double acc = 0;
+      for (int64_t o = 0; o < nr; ++o) acc += panel[size_t(o * K + col)] * panel[size_t(o * K + col)];
+      (*ex.col_sq)[size_t(col)] += acc;
+    }
     if (sparse_back)
       for (int64_t r = 0; r < a.rows(); ++r)
         for (const auto& flip : (*ex.back_only)[size_t(r)]) {
@@ -298,6 +319,7 @@ struct Scratch {
   RowMat da, dx, dh, dy;  // budget: magnitude inputs and their sums through |W|
   RowMat qa, qx, qh, qy;  // ideal bound: quantization errors and their sums through |W|
   RowMat yw;              // budget: y W2 [n, I], the flip projections
+  std::vector<double> w2_col_sq;  // budget: W2's squared column norms [I] (at the flips' columns)
   RowMat hdev;            // budget: deviation of the device's re-quantized h [n, I]
   RowMat thi, tlo, tdcum, terr;  // budget, truncating model: chunk inputs and the E_b sums
   RowMat da2, vx, hvar, vy, tvar;  // noise model (BUDGETS.md §10): squared inputs; GEMM1, h, slot, truncation variances
@@ -384,6 +406,7 @@ struct BudgetCtx {
   bool ideal = false;                             // also the ideal-tier bound (BUDGETS.md §8)
   double* slot_sys = nullptr;                     // [chunk T * k] flip projections per slot
   double* slot_tail = nullptr;                    // [chunk T * k, kFlipTailWidth] their flips' tails
+  double* slot_energy_tail = nullptr;             // [chunk T * k, kEnergyTailWidth] the same crossings' norms
   double* slot_var = nullptr;                     // [chunk T * k * H] noise model per slot (BUDGETS.md §10.2)
   RequantSlots requant;                           // re-quantization test's per-slot terms (§10.7)
 };
@@ -710,7 +733,7 @@ void expert_gemm2(const ExpertRun& e) {
   const bool budget = e.budget(), requant = e.requant();
   PanelExtras ex;
   if (budget) {
-    ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips;
+    ex.add_abs(&s.dh, &s.dy), ex.back = &s.yw, ex.back_only = &s.flips, ex.col_sq = &s.w2_col_sq;
     // Noise model (BUDGETS.md §10.2): each intermediate's deviation is one independent term,
     // reaching every output through W2: sum_i W2[o, i]^2 var_i.
     ex.add_sq(&s.hvar, &s.vy, &s.sq_buf);
@@ -754,7 +777,7 @@ void expert_gemm2(const ExpertRun& e) {
 // the flips, the groups' shared scale deviations and their jumps, each projected on y. The codes'
 // crossings among the flips are also written to tail (FlipTail, kFlipTailWidth entries): each a
 // rare term bounded by its own step, whose tail the aggregate tests bound as such (§10.8).
-double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, double* tail) {
+double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, double* tail, double* energy_tail) {
   // A flip moves y along column i of W2 by at most dh_i; its projection on y itself is at most
   // dh_i |<W2[:, i], y>| = dh_i |(y W2)_i|: the part of the error that looks like a scale error
   // of this slot. Kept as the root sum of squares over the slot's flips (their signs are
@@ -779,6 +802,25 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, d
   for (const auto& [i, dh] : s.flips[r])
     if (const auto [p, a] = crossing(i, dh); p > 0) ft.add(p, a);
   ft.write(tail);
+  // The same crossings by the distance they move the whole slot output, a = step ||W2[:, i]||
+  // (the energy test's, §10.8): one crossing moves every element at once. Here p itself counts,
+  // not min(p, 1 - p): a crossing of p > 1/2 moves the slot by at most a, always (kept apart).
+  auto energy_term = [&](int64_t i, double dh) {
+    const double st = s.fstep(r, i);
+    const double p = st > 0 ? std::min(s.fp(r, i), std::min(dh * dh, s.hvar(r, i)) / (st * st)) : 0.0;
+    return std::pair{p, st * std::sqrt(s.w2_col_sq[size_t(i)])};
+  };
+  double n_max = 0, certain = 0;
+  for (const auto& [i, dh] : s.flips[r])
+    if (const auto [p, a] = energy_term(i, dh); p > 0 && p <= 0.5) n_max = std::max(n_max, a);
+  FlipTail fe(n_max);
+  for (const auto& [i, dh] : s.flips[r]) {
+    const auto [p, a] = energy_term(i, dh);
+    if (p > 0.5) certain += a;
+    else if (p > 0) fe.add(p, a);
+  }
+  fe.write(energy_tail);
+  energy_tail[kFlipTailWidth] = certain;
   // A group's float32 scale that differs from the reference's by a factor 1 + e moves the
   // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance
   // of e's continuous part (§10.2 step 4). Groups are independent.
@@ -811,7 +853,8 @@ void expert_store(const ExpertRun& e, double* slot_out, double* slot_budget, dou
     if (budget) {
       std::copy_n(s.dy.row(r).data(), H, slot_budget + job.slots[r] * H);
       std::copy_n(s.vy.row(r).data(), H, bc.slot_var + job.slots[r] * H);
-      bc.slot_sys[job.slots[r]] = slot_flip_projection(s, r, G, I, bc.slot_tail + job.slots[r] * kFlipTailWidth);
+      bc.slot_sys[job.slots[r]] = slot_flip_projection(s, r, G, I, bc.slot_tail + job.slots[r] * kFlipTailWidth,
+                                                       bc.slot_energy_tail + job.slots[r] * kEnergyTailWidth);
       const int64_t slot = job.slots[r];
       if (requant) {
         for (int64_t i = 0; i < H; ++i) bc.requant.r[slot * H + i] = float(s.rq(r, i));
@@ -942,6 +985,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     res.slot_noise_var.assign(static_cast<size_t>(T * k * H), 0.0);
     res.slot_flip_projection.assign(static_cast<size_t>(T * k), 0.0);
     res.slot_flip_tail.assign(static_cast<size_t>(T * k * kFlipTailWidth), 0.0);
+    res.slot_energy_tail.assign(static_cast<size_t>(T * k * kEnergyTailWidth), 0.0);
   }
   if (model && opt.requant_terms) {
     requant_r.assign(static_cast<size_t>(T * k * H), 0.0f);
@@ -1004,6 +1048,7 @@ ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
     if (model) {
       bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
       bc.slot_tail = res.slot_flip_tail.data() + t0 * k * kFlipTailWidth;
+      bc.slot_energy_tail = res.slot_energy_tail.data() + t0 * k * kEnergyTailWidth;
     }
     // With a model the chunk is every token (keep_slots), so slot indices are global.
     if (model && opt.requant_terms)

@@ -138,6 +138,11 @@ struct ForwardResult {
   // Per slot [T, k, kFlipTailWidth]: the flips among those terms as rare bounded terms, each with
   // its own bound (FlipTail, reference/tail_bound.hpp; BUDGETS.md §10.8).
   std::vector<double> slot_flip_tail;
+  // Per slot [T, k, kEnergyTailWidth]: the same crossings by the norm of their move of the whole
+  // slot output, step ||W2[:, i]|| (before weighting), for the energy test (BUDGETS.md §10.8):
+  // those of p <= 1/2 as a FlipTail (with p itself), then the sum of the norms of those of
+  // p > 1/2.
+  std::vector<double> slot_energy_tail;
   // The re-quantization test's terms (BUDGETS.md §10.7), with a budget model and requant_terms.
   RequantTerms requant;
   // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].

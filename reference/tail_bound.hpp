@@ -40,6 +40,9 @@ inline constexpr int64_t kFlipTailExact = 8;
 inline constexpr double kFlipTailExactP = 1e-12;  // the smallest p' kept exactly
 inline constexpr int64_t kFlipTailBins = 16;
 inline constexpr int64_t kFlipTailWidth = 1 + 2 * kFlipTailExact + 3 * kFlipTailBins;
+// The energy test's summary (ForwardResult::slot_energy_tail): a FlipTail of the crossings of
+// p <= 1/2, then the sum of the sizes of those of p > 1/2.
+inline constexpr int64_t kEnergyTailWidth = kFlipTailWidth + 1;
 
 // Builds one slot's summary (a_max first: the largest a of the terms to come).
 class FlipTail {

@@ -108,6 +108,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
     d.noise_var = r.noise_var;
     d.slot_flip_projection = r.slot_flip_projection;
     d.slot_flip_tail = r.slot_flip_tail;
+    d.slot_energy_tail = r.slot_energy_tail;
     d.slot_noise_var = r.slot_noise_var;
     const int64_t T = r.routing.tokens;
     if (T > 0 && r.requant.complete(T, int64_t(r.output.size()) / T, r.routing.top_k)) {
@@ -140,9 +141,10 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
                    "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
                    "reference` stores it again\n";
     // Written by this revision but without the crossings' tails: damaged (revision 4 always has them).
-    const bool has_tail = stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth);
+    const bool has_tail = stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth) &&
+                          stored->slot_energy_tail.size() == size_t(T * k * kEnergyTailWidth);
     if (matches && current && !has_tail && progress)
-      std::cerr << "moecheck: the stored /reference/quantized has no usable slot_flip_tail (damaged): computing "
+      std::cerr << "moecheck: the stored /reference/quantized has no usable slot_flip_tail or slot_energy_tail (damaged): computing "
                    "the reference; `moecheck reference` stores it again\n";
     if (matches && current && has_tail && requant_terms && !has_requant && progress)
       std::cerr << "moecheck: the stored /reference/quantized has no usable re-quantization terms (written by an "
@@ -161,6 +163,7 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       r.noise_var = std::move(stored->noise_var);
       r.slot_flip_projection = std::move(stored->slot_flip_projection);
       r.slot_flip_tail = std::move(stored->slot_flip_tail);
+      r.slot_energy_tail = std::move(stored->slot_energy_tail);
       r.slot_noise_var = std::move(stored->slot_noise_var);
       if (requant) r.requant = std::move(*requant);
       *reused = true;
