@@ -12,7 +12,8 @@
 // test fails when |beta| > allow + the threshold of that noise at the false-alarm level
 // (aggregate_z; z SE where no rare crossing dominates).
 // Energy: observed sum d^2 against the predicted sum sigma^2, limit from Bernstein's inequality
-// with each d^2 in [0, b^2], b the worst-case budget (energy_limit).
+// with each d^2 in [0, b^2], b the worst-case budget, and the expert's large code crossings,
+// which move a whole slot at once, bounded apart by their own sizes (energy_limit, §10.8).
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -181,6 +182,25 @@ double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoePr
   return (move > 0 ? std::pow(std::sqrt(rest) + move, 2) : rest) / sum_var;
 }
 
+// The slots whose crossings move what expert e's energy test sums: its own slots' outputs, or on
+// the combined output every local slot of the tokens whose rows it counts (accumulate_combined:
+// all of them unless the token is blamed on another expert).
+std::vector<int64_t> energy_slots(const MoeProblem& p, const JudgedReference& J, const Attribution& A, int32_t e,
+                                  const std::vector<int64_t>& slots, bool have_slots) {
+  if (have_slots) return slots;
+  const int64_t k = p.config.top_k;
+  std::vector<int64_t> out;
+  int64_t last = -1;
+  for (const int64_t s : slots) {
+    const int64_t t = s / k;
+    if (t == last || (A.owner[size_t(t)] >= 0 && A.owner[size_t(t)] != e)) continue;
+    last = t;
+    for (int64_t j = 0; j < k; ++j)
+      if (p.config.is_local(J.ids[size_t(t * k + j)])) out.push_back(t * k + j);
+  }
+  return out;
+}
+
 double large_crossings_move(const JudgedReference& J, const std::vector<int64_t>& slots, bool have_slots,
                             double en_pred, double x) {
   if (J.energy_tail.empty() || !(en_pred > 0)) return 0.0;
@@ -235,7 +255,8 @@ void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observ
     v.beta_detectable = fitted ? v.beta_allow + aggregate_threshold(tb, z) : 0.0;
     v.bias_ok = !(std::fabs(v.beta) > v.beta_detectable);
     v.energy_ratio = S.en_pred[x] > 0 ? S.en_obs[x] / S.en_pred[x] : 0.0;
-    const double move = large_crossings_move(J, slots, X.have_slots, S.en_pred[x], z * z / 2 + std::log(2.0));
+    const double move = large_crossings_move(J, energy_slots(p, J, A, e, slots, X.have_slots), X.have_slots,
+                                             S.en_pred[x], z * z / 2 + std::log(2.0));
     v.energy_limit = energy_limit(S.en_pred[x], S.var_sq[x], S.var_max[x], p, NE, opt, move);
     v.energy_ok = !(v.energy_ratio > v.energy_limit);
     v.rel_l2 = S.l2_r[x] > 0 ? std::sqrt(S.l2_d[x] / S.l2_r[x]) : 0.0;

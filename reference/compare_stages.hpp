@@ -109,6 +109,10 @@ double energy_limit(double sum_var, double sum_b2var, double b2_max, const MoePr
 // combined output); 0 when there are none or the reference has no energy tails (BUDGETS.md §10.8).
 double large_crossings_move(const JudgedReference& J, const std::vector<int64_t>& slots, bool have_slots,
                             double en_pred, double x);
+// Those slots for expert e (its slots ascending): its own with slot outputs; on the combined
+// output every local slot of the tokens whose rows its energy counts.
+std::vector<int64_t> energy_slots(const MoeProblem& p, const JudgedReference& J, const Attribution& A, int32_t e,
+                                  const std::vector<int64_t>& slots, bool have_slots);
 
 // Fills each expert's bias and energy statistics and its pass.
 void aggregate_tests(const MoeProblem& p, const JudgedReference& J, const Observation& obs, const Ratios& X,

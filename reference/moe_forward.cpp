@@ -803,12 +803,11 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, d
     if (const auto [p, a] = crossing(i, dh); p > 0) ft.add(p, a);
   ft.write(tail);
   // The same crossings by the distance they move the whole slot output, a = step ||W2[:, i]||
-  // (the energy test's, §10.8): one crossing moves every element at once. Here p itself counts,
-  // not min(p, 1 - p): a crossing of p > 1/2 moves the slot by at most a, always (kept apart).
+  // (the energy test's, §10.8): one crossing moves every element at once, by at most its step and
+  // at most the worst case's dh. Here p itself counts, not min(p, 1 - p): a crossing of p > 1/2
+  // moves the slot by at most a, always (kept apart).
   auto energy_term = [&](int64_t i, double dh) {
-    const double st = s.fstep(r, i);
-    const double p = st > 0 ? std::min(s.fp(r, i), std::min(dh * dh, s.hvar(r, i)) / (st * st)) : 0.0;
-    return std::pair{p, st * std::sqrt(s.w2_col_sq[size_t(i)])};
+    return std::pair{s.fp(r, i), std::min(s.fstep(r, i), dh) * std::sqrt(s.w2_col_sq[size_t(i)])};
   };
   double n_max = 0, certain = 0;
   for (const auto& [i, dh] : s.flips[r])

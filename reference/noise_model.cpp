@@ -207,8 +207,9 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
           }
         }
       } else {
-        // |amax| rounded above 448 s doubles the scale, to 224 s or below halves it (counted for
-        // the amax element alone: conservative); the division by 448 adds its float32 slack.
+        // Any |h| rounded above 448 s doubles the scale (a union bound over the elements within
+        // reach of it); amax rounded to 224 s or below halves it (the amax element alone: all of
+        // them must fall, so this is conservative). The division by 448 adds its float32 slack.
         const double up_edge = upper_rounding_edge(448.0 * s, ip), dn_edge = upper_rounding_edge(224.0 * s, ip);
         const IntermediateMixture mj = mixture(jmax);
         const double va = (448 * dsl) * (448 * dsl);
@@ -219,6 +220,13 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
           const auto e = mj.exits(-up_edge, -dn_edge, 0.0, va);
           p_up = e.first, p_dn = e.second;
         }
+        for (int64_t i = g0; i < g0 + n; ++i) {
+          const double gap = up_edge - std::fabs(double(h[i]));
+          if (i == jmax || (std::fabs(double(h[i])) < 0.9 * 448.0 * s && gap * gap > 50 * vh[size_t(i)])) continue;
+          const auto e = mixture(i).exits(-up_edge, up_edge, 0.0, va);
+          p_up += e.first + e.second;
+        }
+        p_up = std::min(p_up, 1.0);
         // The doubled or halved scale re-quantizes the whole group (ScaleJumps): every element
         // rounds on the other grid, a change shared by the group's projections, as for the
         // float32 scale's jump above.
@@ -236,10 +244,10 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
     for (int64_t i = g0; i < g0 + n; ++i) {
       const double v = double(h[i]) / s, cv = double(e4m3_decode(codes[i]));
       const double vv = vh[size_t(i)] / (s * s) + v * v * vs / (s * s) + (dw * v) * (dw * v);
-      // Codes saturate at +-448: nothing beyond rounds elsewhere.
       const double st = grid_steps(cv, 3, -6).at * s;
-      // The code's crossing (§10.9): the mixture's probability of leaving the code's cell, with the
-      // scale's continuous deviation and the division's slack as the last continuous terms.
+      // The code's crossing (§10.9): the mixture's probability of leaving the code's cell (none
+      // beyond a code saturated at +-448), with the scale's continuous deviation and the
+      // division's slack as the last continuous terms.
       const auto [lo, hi] = code_cell_before_rounding(cv, s, ip);
       const auto [p_lo, p_hi] = mixture(i).exits(lo, hi, vs / (s * s) + dw * dw, 0.0);
       const Crossing x = code_crossing(cv, vv, p_lo, p_hi);

@@ -125,7 +125,8 @@ constexpr double kRareCrossingShare = 0.1;
 // change meaning; "2": the flip projections hold the groups' shared scale term (BUDGETS.md §7);
 // "3": that term's jumps re-quantize the group (ScaleJumps), and the re-quantization test's
 // variance holds the groups' shared terms and jumps too; "4": the flips' tails (slot_flip_tail); "5": no exact place in them below p' 1e-12; "6": the codes' crossings from the mixture of gate's and
-// up's rounded values (§10.9), and the re-quantization test's crossings (requant_flip_tail).
+// up's rounded values (§10.9), the re-quantization test's crossings (requant_flip_tail) and the
+// energy test's (slot_energy_tail).
 inline constexpr const char* kNoiseModelRevision = "6";
 
 }  // namespace moecheck

@@ -1,6 +1,7 @@
 // The device's intermediate as a mixture of grid points (rounded_mixture.hpp; BUDGETS.md §10.9).
 #include "reference/rounded_mixture.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -38,23 +39,30 @@ GridPoints rounded_points(double v0, double vr, double var, Precision prec) {
   }
   double rest = 1;
   for (const int dir : {+1, -1}) {
-    // tail[k]: P(the device's value lies beyond the edge between point k - 1 and point k).
-    double tail[GridPoints::kSide + 1];
+    // tail[k]: P(the device's value lies beyond the edge between point k - 1 and point k); what
+    // lies beyond the last point's far edge is `far`.
+    double tail[GridPoints::kSide + 1] = {};
     float pts[GridPoints::kSide];
     int n = 0;
+    double far = 0;
     float a = fr;
-    while (n < GridPoints::kSide) {
+    while (n <= GridPoints::kSide) {
       const float b = grid_next(a, prec, dir);
       if (!std::isfinite(b)) break;
       const double edge = (double(a) + double(b)) / 2;
       const double t = crossing_probability(dir > 0 ? edge - v0 : v0 - edge, var);
       if (!(t > 1e-30)) break;
+      if (n == GridPoints::kSide) {
+        far = t;
+        break;
+      }
       tail[n] = t, pts[n] = b, ++n, a = b;
     }
-    tail[n] = 0;
     for (int k = 0; k < n; ++k) {
-      g.v[g.n] = pts[k], g.p[g.n] = tail[k] - tail[k + 1], rest -= g.p[g.n], ++g.n;
+      const double beyond = k + 1 < n ? tail[k + 1] : far;
+      g.v[g.n] = pts[k], g.p[g.n] = tail[k] - beyond, rest -= g.p[g.n], ++g.n;
     }
+    g.far += far, rest -= far;
   }
   g.p[0] = std::max(rest, 0.0);
   return g;
@@ -66,6 +74,7 @@ IntermediateMixture intermediate_mixture(const MoeConfig& c, const BudgetModel& 
   const GridPoints G = rounded_points(g0, round_to(g0, ip), vg, ip);
   const GridPoints U = rounded_points(u0, round_to(u0, ip), vu, ip);
   IntermediateMixture mix;
+  mix.far = 1 - (1 - G.far) * (1 - U.far);
   for (int a = 0; a < G.n; ++a) {
     // The same linearised terms as §10.2 step 1, at this point of gate: silu's float32 slack
     // (and, with gate's Gaussian variance, its slope), silu's own rounding to bf16.
@@ -84,7 +93,8 @@ IntermediateMixture intermediate_mixture(const MoeConfig& c, const BudgetModel& 
 }
 
 std::pair<double, double> IntermediateMixture::exits(double lo, double hi, double rel_var, double abs_var) const {
-  double below = 0, above = 0;
+  // The mass beyond the listed grid points is counted as leaving on either side (conservative).
+  double below = lo > -INFINITY ? far : 0.0, above = hi < INFINITY ? far : 0.0;
   for (int i = 0; i < n; ++i) {
     const double v = var[i] + rel_var * h[i] * h[i] + abs_var;
     if (lo > -INFINITY) below += p[i] * crossing_probability(h[i] - lo, v);

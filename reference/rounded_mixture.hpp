@@ -8,9 +8,11 @@
 // (p ~ 1 %) that carries h across a re-quantization boundary with certainty was given a
 // probability of 3e-16 (golden/findings case 40, gate seed 50). Here each such rounding keeps its
 // grid points, h is taken at every pair of points, and the probability that the device's h
-// leaves an interval (a code's cell, a scale's binade) is the mixture's: exact for the roundings
-// of gate and up, the normal approximation only for the small continuous terms after them (the
-// float32 slack of silu and the product, the scale's and the division's).
+// leaves an interval (a code's cell, a scale's binade) is the mixture's: the roundings of gate
+// and up kept as their grid points (up to 7 on each side, the mass beyond counted as leaving),
+// the normal approximation only for the small continuous terms after them (the float32 slack of
+// silu and the product, the scale's and the division's; silu's own bf16 rounding under
+// silu_dtype = bf16 stays a Gaussian crossing).
 #pragma once
 
 #include <cstdint>
@@ -25,14 +27,15 @@ namespace moecheck {
 // possible values v[j] with probabilities p[j] (j = 0 is vr), each carrying a continuous variance
 // `var` (0 when the points are the grid's own). Where X's sigma exceeds twice the step at vr the
 // rounding is smooth beside X: one point, vr, with §10.2's variance of the rounded value.
-// Neighbours are listed while the tail beyond them is above 1e-30 (at most kSide per side); the
-// last one on each side carries its whole tail.
+// Neighbours are listed while the tail beyond them is above 1e-30, at most kSide per side; the
+// mass beyond the last ones (below 2e-4 at sigma = 2 steps) is `far`, which the mixture counts
+// as leaving any interval (conservative).
 struct GridPoints {
   static constexpr int kSide = 7;
   static constexpr int kMax = 2 * kSide + 1;
   double v[kMax] = {}, p[kMax] = {};
   int n = 0;
-  double var = 0;
+  double var = 0, far = 0;
 };
 GridPoints rounded_points(double v0, double vr, double var, Precision prec);
 
@@ -44,6 +47,7 @@ struct IntermediateMixture {
   static constexpr int kMax = GridPoints::kMax * GridPoints::kMax;
   double p[kMax], h[kMax], var[kMax];
   int n = 0;
+  double far = 0;  // the probability that gate or up lies beyond its listed points
   // P(h + Y < lo) and P(h + Y > hi), Y the pair's continuous terms plus rel_var h^2 + abs_var.
   std::pair<double, double> exits(double lo, double hi, double rel_var, double abs_var) const;
 };

@@ -39,23 +39,32 @@ double reference_code(const Scenario& x) {
   const double g = bf16_round(x.g0), u = bf16_round(x.u0);
   return code_value(bf16_round(silu(g) * u), x.s);
 }
-double mixture_p(const Scenario& x) {
+// The probabilities that the device's code lies below and above the reference's.
+std::pair<double, double> mixture_exits(const Scenario& x) {
   const IntermediateMixture mix = intermediate_mixture(bf16_intermediate(), BudgetModel{}, x.g0, x.vg, x.u0, x.vu);
   const auto [lo, hi] = code_cell_before_rounding(reference_code(x), x.s, Precision::bf16);
-  const auto [p_lo, p_hi] = mix.exits(lo, hi, 0.0, 0.0);
+  return mix.exits(lo, hi, 0.0, 0.0);
+}
+double mixture_p(const Scenario& x) {
+  const auto [p_lo, p_hi] = mixture_exits(x);
   return p_lo + p_hi;
 }
-// The fraction of n simulated devices whose code differs from the reference's.
-double simulated_p(const Scenario& x, uint64_t seed, int n) {
+// The fractions of n simulated devices whose code lies below and above the reference's.
+std::pair<double, double> simulated_exits(const Scenario& x, uint64_t seed, int n) {
   const CounterRng rng{seed, 11};
   const double cv = reference_code(x);
-  int moved = 0;
+  int below = 0, above = 0;
   for (int i = 0; i < n; ++i) {
     const double g = bf16_round(x.g0 + std::sqrt(x.vg) * rng.normal(2 * uint64_t(i)));
     const double u = bf16_round(x.u0 + std::sqrt(x.vu) * rng.normal(2 * uint64_t(i) + 1));
-    moved += code_value(bf16_round(silu(g) * u), x.s) != cv;
+    const double c = code_value(bf16_round(silu(g) * u), x.s);
+    below += c < cv, above += c > cv;
   }
-  return double(moved) / n;
+  return {double(below) / n, double(above) / n};
+}
+double simulated_p(const Scenario& x, uint64_t seed, int n) {
+  const auto [b, a] = simulated_exits(x, seed, n);
+  return a + b;
 }
 
 TEST(RoundedMixture, GridPointsAreTheGaussiansCells) {
@@ -69,7 +78,7 @@ TEST(RoundedMixture, GridPointsAreTheGaussiansCells) {
     sum += g.p[i];
     if (g.v[i] > 1.0) up += g.p[i];
   }
-  EXPECT_NEAR(sum, 1.0, 1e-12);
+  EXPECT_NEAR(sum + g.far, 1.0, 1e-12);
   EXPECT_NEAR(up, crossing_probability(0.1 * step, var), 1e-12);  // P(beyond the edge 0.1 step away)
   // A deviation wider than two steps: one point with the rounded value's variance.
   const GridPoints w = rounded_points(v0, 1.0, std::pow(3 * step, 2), Precision::bf16);
@@ -103,8 +112,8 @@ TEST(RoundedMixture, CodeCrossingsMatchASimulatedDevice) {
   const char* env = std::getenv("MOECHECK_SEED");
   const uint64_t seed = env ? std::strtoull(env, nullptr, 10) : 20261206;
   const CounterRng rng{seed, 3};
-  const int scenarios = 60, n = 20000;
-  int nontrivial = 0;
+  const int scenarios = 80, n = 20000;
+  int nontrivial = 0, negative = 0, small = 0;
   for (int k = 0; k < scenarios; ++k) {
     auto U = [&](int j) { return rng.uniform(uint64_t(k) * 16 + uint64_t(j)); };
     Scenario x;
@@ -113,25 +122,40 @@ TEST(RoundedMixture, CodeCrossingsMatchASimulatedDevice) {
     // sigma between 0.05 and 2 bf16 steps of its value: the grid points' regime and beyond.
     auto sd = [&](double v, double u) { return std::max(std::fabs(v), 1e-3) * 0x1p-8 * std::pow(40.0, u) / 20; };
     x.vg = std::pow(sd(x.g0, U(1)), 2);
-    // Half the scenarios put h within a few bf16 steps of an e4m3 midpoint, where codes cross.
-    const double h_target = 0.05 + U(2);
-    x.s = std::ldexp(1.0, int(std::floor(std::log2(h_target / 448))) + int(U(3) * 4));
+    // h of either sign; its code from the top of e4m3's range down to the subnormals (scales up
+    // to 2^19 above the normal one: codes down to 448 2^-19, below the smallest normal 2^-6 and
+    // the smallest subnormal 2^-9).
+    const double h_target = (U(6) < 0.5 ? -1 : 1) * (0.05 + U(2));
+    x.s = std::ldexp(1.0, int(std::floor(std::log2(std::fabs(h_target) / 448))) + int(U(3) * 20));
     double u0 = h_target / sg;
+    // Half the scenarios put h within a few bf16 steps of an e4m3 midpoint, where codes cross.
     if (k % 2 == 0) {
-      const double v = h_target / x.s, cv = code_value(h_target, x.s);
-      const double nb = code_value((cv + (v > cv ? 1.01 : -1.01) * (std::fabs(cv) / 8 + 1e-3)) * x.s, x.s);
+      const double cv = code_value(h_target, x.s);
+      const uint8_t code = fp8_encode(cv, Fp8Format::e4m3fn);
+      // The neighbour one code away in magnitude (toward zero from the largest code).
+      const bool up = std::fabs(cv) < 448 && U(7) < 0.5;
+      const uint8_t nc = cv == 0 ? uint8_t(1) : uint8_t(up ? code + 1 : code - 1);
+      const double nb = double(fp8_decode(nc, Fp8Format::e4m3fn));  // same sign as cv (0: the smallest positive)
       const double mid = (cv + nb) / 2 * x.s;
       u0 = mid * (1 + (U(4) - 0.5) * 0x1p-6) / sg;
     }
     if (!std::isfinite(u0) || std::fabs(sg) < 1e-3) continue;
     x.u0 = u0, x.vu = std::pow(sd(u0, U(5)), 2);
-    const double p = mixture_p(x), sim = simulated_p(x, seed + uint64_t(k), n);
+    const auto [p_lo, p_hi] = mixture_exits(x);
+    const auto [s_lo, s_hi] = simulated_exits(x, seed + uint64_t(k), n);
+    const double p = p_lo + p_hi, sim = s_lo + s_hi;
     nontrivial += sim > 0.002 && sim < 0.998;
-    EXPECT_NEAR(p, sim, 5 * std::sqrt(std::max(p * (1 - p), 1.0 / n) / n) + 2e-4)
-        << fmt::format("scenario {} (replay: MOECHECK_SEED={}): g0 {} vg {} u0 {} vu {} s {}", k, seed, x.g0, x.vg,
-                       x.u0, x.vu, x.s);
+    negative += h_target < 0, small += std::fabs(reference_code(x)) < 0x1p-6;
+    auto tol = [&](double q) { return 5 * std::sqrt(std::max(q * (1 - q), 1.0 / n) / n) + 2e-4; };
+    const std::string where = fmt::format("scenario {} (replay: MOECHECK_SEED={}): g0 {} vg {} u0 {} vu {} s {}", k,
+                                          seed, x.g0, x.vg, x.u0, x.vu, x.s);
+    EXPECT_NEAR(p_lo, s_lo, tol(p_lo)) << "below: " << where;
+    EXPECT_NEAR(p_hi, s_hi, tol(p_hi)) << "above: " << where;
+    EXPECT_NEAR(p, sim, tol(p)) << where;
   }
   EXPECT_GE(nontrivial, 10) << "too few scenarios where codes cross: the comparison says little";
+  EXPECT_GE(negative, 10) << "too few scenarios with a negative h";
+  EXPECT_GE(small, 5) << "too few scenarios with subnormal codes";
 }
 
 }  // namespace

@@ -160,5 +160,43 @@ TEST(TailBound, RareCrossingCutLeavesOutTheLargeRareOnesFirst) {
   EXPECT_NEAR(without.threshold(19.0), std::sqrt(38.0), 1e-5);
 }
 
+
+// The energy test's large crossings (BUDGETS.md §10.8): one crossing of probability p far above the
+// tail level that moves a slot by a must fit under the limit when it happens (the energy then is
+// at least a^2), where Bernstein's element-wise limit alone does not; one far below the level
+// costs less than its size; small ones are left to Bernstein.
+TEST(TailBound, EnergyLimitHoldsALargeCrossingThatMovesAWholeSlot) {
+  MoeProblem p;
+  p.tokens = 1;
+  CompareOptions opt;
+  opt.requant_test = false;
+  const double en_pred = 1.0, b2 = 1.0 / 256, x = 14.0;  // 256 elements of variance 1/256
+  auto limit_with = [&](double prob, double a) {
+    compare::JudgedReference J;
+    J.energy_tail.assign(size_t(kEnergyTailWidth), 0.0);
+    FlipTail ft(a);
+    ft.add(prob, a);
+    ft.write(J.energy_tail.data());
+    const double move = compare::large_crossings_move(J, {0}, true, en_pred, x);
+    return std::pair{move, compare::energy_limit(en_pred, en_pred * b2 * 4, 4 * b2, p, 1, opt, move)};
+  };
+  const double bernstein = compare::energy_limit(en_pred, en_pred * b2 * 4, 4 * b2, p, 1, opt);
+  const double a = 3.0;  // energy a^2 = 9 when it happens, with probability 0.117
+  ASSERT_LT(bernstein, a * a) << "the case must be one Bernstein alone would fail";
+  const auto [move, limit] = limit_with(0.117, a);
+  EXPECT_GE(move, a);  // it happens far more often than e^-x: it counts whole
+  EXPECT_GE(limit * en_pred, a * a);
+  // A crossing far rarer than e^-x costs less than its whole size: Chernoff's bound for one term
+  // is about a x / log(1 / p) (no union bound leaves it out here, as rare_cut does for the
+  // scale tests).
+  const auto [rare_move, rare_limit] = limit_with(1e-12, a);
+  EXPECT_LT(rare_move, 0.7 * a);
+  EXPECT_LT(rare_limit, limit);
+  // Below half the predicted energy's root: left to Bernstein (no move, the same limit).
+  const auto [small_move, small_limit] = limit_with(0.117, 0.4);
+  EXPECT_EQ(small_move, 0.0);
+  EXPECT_EQ(small_limit, bernstein);
+}
+
 }  // namespace
 }  // namespace moecheck

@@ -1,6 +1,7 @@
 // Computing, storing and reusing the reference from the CLI (reference_store.hpp).
 #include "tools/judge/reference_store.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
@@ -42,6 +43,9 @@ std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t 
       return std::nullopt;
     q.signal.push_back(r[0]), q.var.push_back(r[1]), q.mean.push_back(r[2]), q.mean_bound.push_back(r[3]);
   }
+  // Tails hold sizes, counts, probabilities and variances: all >= 0 (infinite where a term is).
+  for (const double v : stored.requant_flip_tail)
+    if (!(v >= 0)) return std::nullopt;
   q.direction = std::move(stored.requant_direction);
   q.tail = std::move(stored.requant_flip_tail);
   return q;
@@ -140,9 +144,13 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       std::cerr << "moecheck: the stored /reference/quantized was written by an older noise model (attribute "
                    "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
                    "reference` stores it again\n";
-    // Written by this revision but without the crossings' tails: damaged (revision 4 always has them).
+    // Written by this revision but without the crossings' tails: damaged (revision 6 always has both).
+    auto sane = [](const std::vector<double>& tail) {
+      return std::all_of(tail.begin(), tail.end(), [](double v) { return v >= 0; });
+    };
     const bool has_tail = stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth) &&
-                          stored->slot_energy_tail.size() == size_t(T * k * kEnergyTailWidth);
+                          stored->slot_energy_tail.size() == size_t(T * k * kEnergyTailWidth) &&
+                          sane(stored->slot_flip_tail) && sane(stored->slot_energy_tail);
     if (matches && current && !has_tail && progress)
       std::cerr << "moecheck: the stored /reference/quantized has no usable slot_flip_tail or slot_energy_tail (damaged): computing "
                    "the reference; `moecheck reference` stores it again\n";
