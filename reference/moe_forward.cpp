@@ -257,8 +257,14 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
       }
     }
     if (ex.back && !sparse_back) ex.back->noalias() += out.middleCols(r0, nr) * w;
+    // Row by row, so that every column sums in row order whatever the buffers' alignment (an
+    // Eigen colwise reduction gave run-to-run differences in the last bit).
     if (ex.col_sq && !sparse_back)
-      Eigen::Map<Eigen::RowVectorXd>(ex.col_sq->data(), K) += w.array().square().colwise().sum().matrix();
+      for (int64_t o = 0; o < nr; ++o) {
+        const double* row = panel.data() + o * K;
+        double* cs = ex.col_sq->data();
+        for (int64_t c = 0; c < K; ++c) cs[c] += row[c] * row[c];
+      }
     for (const int64_t col : sq_cols) {
       double acc = 0;
       for (int64_t o = 0; o < nr; ++o) acc += panel[size_t(o * K + col)] * panel[size_t(o * K + col)];
