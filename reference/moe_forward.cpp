@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "reference/errors.hpp"
 #include "reference/fp8_formats.hpp"
@@ -798,16 +799,16 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, d
     const double p = a > 0 ? std::min(s.fp(r, i), v / (a * a)) : 0.0;
     return std::pair{std::min(p, 1 - p) > 0 ? p : 0.0, a};
   };
-  double sys = 0, a_max = 0;
+  double sys = 0;
   for (const auto& [i, dh] : s.flips[r]) {
     const double g = s.yw(r, i);
     sys += std::min(dh * dh, s.hvar(r, i)) * g * g;
-    if (const auto [p, a] = crossing(i, dh); p > 0) a_max = std::max(a_max, a);
   }
-  FlipTail ft(a_max);
-  for (const auto& [i, dh] : s.flips[r])
-    if (const auto [p, a] = crossing(i, dh); p > 0) ft.add(p, a);
-  ft.write(tail);
+  FlipTail::write_terms(
+      [&](auto add) {
+        for (const auto& [i, dh] : s.flips[r]) std::apply(add, crossing(i, dh));
+      },
+      tail);
   // The same crossings by the distance they move the whole slot output, a = step ||W2[:, i]||
   // (the energy test's, §10.8): one crossing moves every element at once, by at most its step and
   // at most the worst case's dh. Here p itself counts, not min(p, 1 - p): a crossing of p > 1/2
@@ -815,16 +816,15 @@ double slot_flip_projection(const Scratch& s, int64_t r, int64_t G, int64_t I, d
   auto energy_term = [&](int64_t i, double dh) {
     return std::pair{s.fp(r, i), std::min(s.fstep(r, i), dh) * std::sqrt(s.w2_col_sq[size_t(i)])};
   };
-  double n_max = 0, certain = 0;
+  FlipTail::write_terms(
+      [&](auto add) {
+        for (const auto& [i, dh] : s.flips[r])
+          if (const auto [p, a] = energy_term(i, dh); p <= 0.5) add(p, a);
+      },
+      energy_tail);
+  double certain = 0;
   for (const auto& [i, dh] : s.flips[r])
-    if (const auto [p, a] = energy_term(i, dh); p > 0 && p <= 0.5) n_max = std::max(n_max, a);
-  FlipTail fe(n_max);
-  for (const auto& [i, dh] : s.flips[r]) {
-    const auto [p, a] = energy_term(i, dh);
-    if (p > 0.5) certain += a;
-    else if (p > 0) fe.add(p, a);
-  }
-  fe.write(energy_tail);
+    if (const auto [p, a] = energy_term(i, dh); p > 0.5) certain += a;
   energy_tail[kFlipTailWidth] = certain;
   // A group's float32 scale that differs from the reference's by a factor 1 + e moves the
   // group's whole part of y by e: projected on y, e <y_g, y>, with the noise model's variance

@@ -2,7 +2,6 @@
 #include "reference/noise_model.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "reference/fp8_formats.hpp"
@@ -58,15 +57,15 @@ Steps grid_steps(double r, int mant, int emin) {
 
 // The crossing for a value rounded to nearest on that grid: toward zero the cell reaches half
 // the step below, away from zero half the step at vr (mirrored for negatives).
-Crossing grid_crossing(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
+Crossing grid_crossing(double v, double vr, double var, int mant, int emin) {
   const Steps s = grid_steps(vr, mant, emin);
   const double toward0 = s.below, away = s.at;
-  if (vr > 0) return cell_crossing(v, vr, var, toward0 / 2, saturate_at_vr ? INFINITY : away / 2, toward0, away);
-  if (vr < 0) return cell_crossing(v, vr, var, saturate_at_vr ? INFINITY : away / 2, toward0 / 2, away, toward0);
+  if (vr > 0) return cell_crossing(v, vr, var, toward0 / 2, away / 2, toward0, away);
+  if (vr < 0) return cell_crossing(v, vr, var, away / 2, toward0 / 2, away, toward0);
   return cell_crossing(v, vr, var, s.at / 2, s.at / 2, s.at, s.at);
 }
-double grid_crossing_var(double v, double vr, double var, int mant, int emin, bool saturate_at_vr = false) {
-  return grid_crossing(v, vr, var, mant, emin, saturate_at_vr).var;
+double grid_crossing_var(double v, double vr, double var, int mant, int emin) {
+  return grid_crossing(v, vr, var, mant, emin).var;
 }
 
 // An e4m3 code's crossing with the probabilities of leaving its cell down (p_lo) and up (p_hi):
@@ -96,14 +95,6 @@ double rounded_noise_var(double v, double vr, double var, Precision p) {
 double noise_z(double tests, double alpha) { return std::sqrt(2 * std::log(2 * std::max(tests, 1.0) / alpha)); }
 
 namespace {
-// The neighbour of float v one step of precision p away in magnitude (dir +1 up, -1 down):
-// v's bits +- one unit of p's last place (bf16: bit 16), toward or away from zero.
-float magnitude_step(float v, Precision p, int dir) {
-  const uint32_t unit = p == Precision::bf16 ? 0x10000u : 1u;
-  const uint32_t b = std::bit_cast<uint32_t>(v);
-  return std::bit_cast<float>(dir > 0 ? b + unit : b - unit);
-}
-
 // h_deq(the group's values h, re-quantized on scale s_new) - h_deq(as the reference quantized it:
 // codes on scale s), for the n elements of one group (the rule's own quantization), as its split
 // (ScaleJumps): s_new / s - 1 (returned) and the moved codes' part code_part.
@@ -192,10 +183,9 @@ void intermediate_noise_var(const MoeConfig& c, const BudgetModel& m, const doub
           if (p_lo + p_hi > 1e-12) {
             // The device's amax is the neighbour; the others keep their values.
             jumps->p[g0 / G] = std::min(1.0, p_lo + p_hi);
-            const Precision jp = ip == Precision::bf16 ? Precision::bf16 : Precision::f32;
             std::vector<float> moved(h + g0, h + g0 + n);
-            for (int dir : {+1, -1}) {
-              moved[size_t(jmax - g0)] = magnitude_step(h[jmax], jp, dir);
+            for (int dir : {+1, -1}) {  // amax one step up or down in magnitude
+              moved[size_t(jmax - g0)] = grid_next(h[jmax], ip, h[jmax] > 0 ? dir : -dir);
               float moved_amax = 0;  // another element may tie with amax: the device's amax then stays
               for (const float v : moved) moved_amax = std::max(moved_amax, std::fabs(v));
               const float s_new = group_scale(moved_amax, rule);

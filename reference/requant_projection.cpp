@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 
 #include "reference/noise_model.hpp"
@@ -101,13 +102,11 @@ void project_expert(const MoeConfig& c, const Routing& rt, const RequantSlots& i
       const double p = a > 0 ? std::min(double(fp[i]), hv[i] / (double(fs[i]) * double(fs[i]))) : 0.0;
       return std::pair{std::min(p, 1 - p) > 0 ? p : 0.0, a};
     };
-    double a_max = 0;
-    for (int64_t i = 0; i < I; ++i)
-      if (const auto [p, a] = crossing(i); p > 0) a_max = std::max(a_max, a);
-    FlipTail ft(a_max);
-    for (int64_t i = 0; i < I; ++i)
-      if (const auto [p, a] = crossing(i); p > 0) ft.add(p, a);
-    ft.write(slot_tail + slot * kFlipTailWidth);
+    FlipTail::write_terms(
+        [&](auto add) {
+          for (int64_t i = 0; i < I; ++i) std::apply(add, crossing(i));
+        },
+        slot_tail + slot * kFlipTailWidth);
     const double* cup = in.jump_code_up + slot * I;
     const double* cdn = in.jump_code_dn + slot * I;
     const double* jp = in.jump_p + slot * ng;

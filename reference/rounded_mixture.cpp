@@ -15,17 +15,14 @@ namespace moecheck {
 namespace {
 constexpr double kU32 = 0x1p-24;
 
-// The neighbour of the representable v on the grid of `prec`, toward +inf (dir > 0) or -inf:
-// one unit of the last place (bf16: bit 16) added to or taken from the magnitude.
+}  // namespace
+
 float grid_next(float v, Precision prec, int dir) {
   const uint32_t unit = prec == Precision::bf16 ? 0x10000u : 1u;
   if (v == 0) return dir > 0 ? std::bit_cast<float>(unit) : -std::bit_cast<float>(unit);
   const uint32_t b = std::bit_cast<uint32_t>(v);
   return std::bit_cast<float>((v > 0) == (dir > 0) ? b + unit : b - unit);
 }
-
-float round_prec(double x, Precision prec) { return prec == Precision::bf16 ? bf16_round(x) : fl32(x); }
-}  // namespace
 
 GridPoints rounded_points(double v0, double vr, double var, Precision prec) {
   GridPoints g;
@@ -122,12 +119,12 @@ std::pair<double, double> code_cell_before_rounding(double cv, double s, Precisi
   // bf16 step below the first to half a step above the last.
   double lo = -INFINITY, hi = INFINITY;
   if (m_lo > -INFINITY) {
-    float r = round_prec(m_lo, prec);
+    float r = float(round_to(m_lo, prec));
     if (double(r) < m_lo || (double(r) == m_lo && !even)) r = grid_next(r, prec, +1);
     lo = (double(r) + double(grid_next(r, prec, -1))) / 2;
   }
   if (m_hi < INFINITY) {
-    float r = round_prec(m_hi, prec);
+    float r = float(round_to(m_hi, prec));
     if (double(r) > m_hi || (double(r) == m_hi && !even)) r = grid_next(r, prec, -1);
     hi = (double(r) + double(grid_next(r, prec, +1))) / 2;
   }

@@ -23,6 +23,11 @@
 
 namespace moecheck {
 
+// The neighbour of the representable v on the grid of `prec` (bf16 or float32), toward +inf
+// (dir > 0) or -inf: one unit of the last place (bf16: bit 16) added to or taken from the
+// magnitude (from 0: the smallest subnormal of that sign).
+float grid_next(float v, Precision prec, int dir);
+
 // The device's round_p(v0 + X), X of variance var, where the reference rounded v0 to vr: its
 // possible values v[j] with probabilities p[j] (j = 0 is vr), each carrying a continuous variance
 // `var` (0 when the points are the grid's own). Where X's sigma exceeds twice the step at vr the

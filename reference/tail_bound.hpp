@@ -22,6 +22,7 @@
 // - u (tight for many small terms).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,20 @@ class FlipTail {
   void write(double* out) const;  // kFlipTailWidth entries
   static double bin_bound(double a_max, int64_t b);  // a_max 2^(-b/2)
   static double variance(const double* tail);        // the sum of the terms' variances
+  // Writes the summary of the terms each(add) yields, add(p, a) once per term (those of p > 0
+  // count): each is called twice, since the bins are placed against the largest a.
+  template <class Each>
+  static void write_terms(Each&& each, double* out) {
+    double a_max = 0;
+    each([&](double p, double a) {
+      if (p > 0) a_max = std::max(a_max, a);
+    });
+    FlipTail ft(a_max);
+    each([&](double p, double a) {
+      if (p > 0) ft.add(p, a);
+    });
+    ft.write(out);
+  }
   // Calls f(n, P, V, a) for every exact term (n = 1) and bin of a stored summary.
   template <class F>
   static void for_each(const double* tail, F&& f) {
