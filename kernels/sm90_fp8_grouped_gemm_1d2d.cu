@@ -36,7 +36,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda_check.hpp"
@@ -59,8 +58,7 @@ constexpr int kWeightBytes = kTileCols * kBlockK;  // 16 KiB
 constexpr int kActBytes = kTileRows * kBlockK;     // 8 KiB
 constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
 constexpr int kEpiStride = kTileCols + 4;  // floats per staged output row: conflict-free fragment stores
-// + room to align the first atom to 1024, + the stages' mbarriers
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 8 * kStages;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the first atom to 1024
 static_assert(kTileCols == 128 && kBlockK == 128, "one weight-scale block per CTA column tile and K block");
 static_assert(kTileRows == 64, "wgmma N of at most 64 rows per tile");
 static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
@@ -78,7 +76,6 @@ struct GemmParams {
   float* d;
   bool bf16_out;
   bool b_tiles;  // b is WeightLayout::block_tiles
-  int overlap;
 };
 
 // Rows of tile `tile` (of expert e) that hold routed slots; the rest are padding.
@@ -117,20 +114,13 @@ __device__ __forceinline__ WeightPanel weight_panel(const GemmParams& p, int32_t
 }
 
 // One K block into stage `st`: the 128 x 128 weight panel, kRows activation rows and their scales.
-// bar: with block tiles, the stage's mbarrier (0: copy the tile with cp.async): one thread copies
-// it in one bulk transaction that completes there.
 template <int kRows>
 __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, const uint8_t* g_a, const float* g_sa,
-                                           int64_t k, int64_t k_blocks, int64_t kb, int tid, uint32_t bar) {
+                                           int64_t k, int64_t k_blocks, int64_t kb, int tid) {
   const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + kActBytes;
   // Chunk i: row i / 8, 16-byte column i % 8: a warp copies 4 whole 128-byte rows, and the
   // swizzle spreads each row's 8 chunks over distinct banks. A block tile is copied as it lies.
-  if (w.tiles && bar != 0) {
-    if (tid == 0) {
-      mbarrier_arrive_expect_tx(bar, kWeightBytes);
-      bulk_copy_g2s(s_w, w.base + kb * kWeightBytes, kWeightBytes, bar);
-    }
-  } else if (w.tiles) {
+  if (w.tiles) {
     const uint8_t* src = w.base + kb * kWeightBytes;
 #pragma unroll
     for (int j = 0; j < kWeightBytes / 16 / kThreads; ++j) {
@@ -151,116 +141,64 @@ __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, co
   if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
 }
 
-// The main loop's two schedules (kPairs false / true):
-//  - block by block: kStages - 1 blocks in flight; per block a barrier, 4 wgmma, their wait, the
-//    promotion;
-//  - pairs: blocks (kb, kb + 1) share one barrier and their stages; the next pair's copies are in
-//    flight while they compute; kb + 1's wgmma runs while kb is promoted. Nothing is pending
-//    across the loop's back edge: ptxas serializes every wgmma of the kernel when a fragment in
-//    flight crosses one (C7514).
-// Both promote the blocks in ascending order with the same operations: the results are the same
-// bits.
-template <int kRows, bool kPairs>
-__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, uint32_t bars, int64_t row0, int64_t n_tile,
-                          int32_t expert) {
-  const bool bulk = bars != 0;
+template <int kRows>
+__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert) {
   constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
-  static_assert(kStages == 4 || !kPairs, "pairs use two stages per pair");
   const int64_t k_blocks = p.k / kBlockK;
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
-  const int t = lane & 3;
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
 
   const uint8_t* g_a = p.a + row0 * p.k;
   const float* g_sa = p.a_scale + row0 * k_blocks;
   const WeightPanel g_w = weight_panel(p, expert, n_tile);
   const float* g_sb = p.b_scale + (static_cast<int64_t>(expert) * (p.n / kTileCols) + n_tile) * k_blocks;
 
-  // part, part2: one block's tensor-core sum (part2: the pair's second block).
-  float acc[kFrag], part[kFrag], part2[kPairs ? kFrag : 1];
+  float acc[kFrag], part[kFrag];  // part: one block's tensor-core sum
 #pragma unroll
   for (int i = 0; i < kFrag; ++i) acc[i] = part[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < (kPairs ? kFrag : 1); ++i) part2[i] = 0.0f;
 
-  auto load = [&](int64_t kb) {  // one commit group per block, empty past the end
-    if (kb < k_blocks)
-      load_stage<kRows>(smem + (kb % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, kb, tid,
-                        bulk ? bars + 8 * uint32_t(kb % kStages) : 0);
+  // Prologue: the first kStages - 1 blocks in flight (one commit group per block, empty past the end).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_blocks) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
     cp_async_commit();
-  };
-  // Every thread's copies of the blocks waited for are visible to the async proxy, and every
-  // thread is past the wgmma and promotion of the stages about to be refilled.
-  auto landed = [&]() {
+  }
+
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    uint8_t* st = smem + (kb % kStages) * kStageBytes;
+    const float sb = __ldg(g_sb + kb);
+    cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
     fence_async_shared();
-    __syncthreads();
-  };
-  // Block kb's tensor-core sum into d, from zero: 4 chained k32 instructions, one commit group.
-  auto issue = [&](int64_t kb, float(&d)[kFrag]) {
-    if (bulk) mbarrier_wait(bars + 8 * uint32_t(kb % kStages), uint32_t(kb / kStages) & 1);  // its weight tile
-    const uint32_t st = smem_addr(smem + (kb % kStages) * kStageBytes);
-    const uint32_t s_w = st + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = st + kWeightBytes;
-    fence_fragment(d);
+    __syncthreads();  // everyone's have, and block kb - 1's stage is free (its wgmma completed)
+
+    const int64_t next = kb + kStages - 1;
+    if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
+    cp_async_commit();
+
+    // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
+    const uint32_t s_w = smem_addr(st) + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = smem_addr(st) + kWeightBytes;
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kBlockK / 32; ++s)
-      wgmma_e4m3<kRows>(d, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
+      wgmma_e4m3<kRows>(part, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
     wgmma_commit();
-    fence_fragment(d);
-  };
-  // Promote block kb's completed sum d: column c of the fragment is activation row c, scaled by
-  // its own sa.
-  auto promote = [&](int64_t kb, float sb, float(&d)[kFrag]) {
-    fence_fragment(d);
-    const float* s_sa = reinterpret_cast<const float*>(smem + (kb % kStages) * kStageBytes + kWeightBytes + kActBytes);
+    wgmma_wait_all();
+
+    // Promote: column c of the fragment is activation row c, scaled by its own sa.
+    const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + kActBytes);
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j) {
       const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
-      acc[4 * j + 0] = __fmaf_rn(s0, d[4 * j + 0], acc[4 * j + 0]);
-      acc[4 * j + 1] = __fmaf_rn(s1, d[4 * j + 1], acc[4 * j + 1]);
-      acc[4 * j + 2] = __fmaf_rn(s0, d[4 * j + 2], acc[4 * j + 2]);
-      acc[4 * j + 3] = __fmaf_rn(s1, d[4 * j + 3], acc[4 * j + 3]);
-    }
-  };
-
-  if constexpr (!kPairs) {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) load(s);
-    for (int64_t kb = 0; kb < k_blocks; ++kb) {
-      const float sb = __ldg(g_sb + kb);
-      cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
-      landed();                      // and everyone's; block kb - 1's stage is free
-      load(kb + kStages - 1);
-      issue(kb, part);
-      wgmma_wait<0>();
-      promote(kb, sb, part);
-    }
-  } else {
-    load(0), load(1);
-    for (int64_t kb = 0; kb < k_blocks; kb += 2) {
-      const bool two = kb + 1 < k_blocks;
-      const float sb0 = __ldg(g_sb + kb), sb1 = two ? __ldg(g_sb + kb + 1) : 0.0f;
-      cp_async_wait<0>();  // this thread's copies of blocks kb and kb + 1 have landed
-      landed();            // and everyone's; the previous pair's stages are free
-      load(kb + 2), load(kb + 3);
-      if (two) {
-        issue(kb, part);
-        issue(kb + 1, part2);
-        wgmma_wait<1>();
-        promote(kb, sb0, part);
-        wgmma_wait<0>();
-        promote(kb + 1, sb1, part2);
-      } else {
-        issue(kb, part);
-        wgmma_wait<0>();
-        promote(kb, sb0, part);
-      }
+      acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+      acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
+      acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
+      acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
     }
   }
   cp_async_wait<0>();
   __syncthreads();  // every stage consumed: the epilogue reuses shared memory
 
   // Epilogue: the fragment into a [rows][128] float tile, rounded to the output precision.
-  const int warp = (tid >> 5) & 3, g = lane >> 2;
   float* tile = reinterpret_cast<float*>(smem);
   const int col_base = wg * (kTileCols / 2) + 16 * warp + g;
 #pragma unroll
@@ -291,32 +229,14 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
   const int rows = tile_rows(p, c.tile, expert);
-  const int ov = p.overlap & 3;  // EXPERIMENT: pairs 0 never, 1 at 64 rows, 2 from 32, 3 always; bit 4: bulk weights
-  uint32_t bars = 0;  // the stages' mbarriers, where block tiles are copied in bulk
-  if ((p.overlap & 4) && p.b_tiles) {
-    bars = smem_addr(smem + kStages * kStageBytes);
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kStages; ++s) mbarrier_init(bars + 8 * s, 1);
-      fence_mbarrier_init();
-    }
-    __syncthreads();
-  }
-  if (rows <= 8) ov >= 3 ? gemm_tile<8, true>(p, smem, bars, row0, n_tile, expert) : gemm_tile<8, false>(p, smem, bars, row0, n_tile, expert);
-  else if (rows <= 16) ov >= 3 ? gemm_tile<16, true>(p, smem, bars, row0, n_tile, expert) : gemm_tile<16, false>(p, smem, bars, row0, n_tile, expert);
-  else if (rows <= 32) ov >= 2 ? gemm_tile<32, true>(p, smem, bars, row0, n_tile, expert) : gemm_tile<32, false>(p, smem, bars, row0, n_tile, expert);
-  else ov >= 1 ? gemm_tile<64, true>(p, smem, bars, row0, n_tile, expert) : gemm_tile<64, false>(p, smem, bars, row0, n_tile, expert);
+  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert);
+  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert);
+  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert);
+  else gemm_tile<64>(p, smem, row0, n_tile, expert);
 #else
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only
 #endif
-}
-
-int experiment_overlap() {
-  static const int v = [] {
-    const char* e = std::getenv("MOECHECK_GEMM_OVERLAP");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
 }
 
 }  // namespace
@@ -343,7 +263,7 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   (void)smem_raised;
   GemmParams p{g.a,         g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count,
                g.n,         g.k,       g.d, g.out_precision == Precision::bf16,
-               g.b_layout == WeightLayout::block_tiles, experiment_overlap()};
+               g.b_layout == WeightLayout::block_tiles};
   const int64_t n_tiles = g.n / kTileCols;
   sm90_fp8_grouped_gemm_1d2d_kernel<<<grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream>>>(p, n_tiles);
   MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_kernel");
