@@ -39,50 +39,52 @@ void cublas_check(cublasStatus_t s, const char* call, const char* file, int line
 }
 #define FP64_CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
 
-// A device buffer grown to the largest request (contents not kept across growth).
+// Where a Grown buffer lives: device memory, or page-locked host memory (copies from it run at
+// the bus's rate and asynchronously, where copies from pageable memory go through the driver's
+// own staging).
+struct DeviceMemory {
+  static void* allocate(size_t n) {
+    void* p = nullptr;
+    MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
+    return p;
+  }
+  static cudaError_t release(void* p) { return cudaFree(p); }
+};
+struct PinnedMemory {
+  static void* allocate(size_t n) {
+    void* p = nullptr;
+    MOECHECK_CUDA_CHECK(cudaHostAlloc(&p, n, cudaHostAllocDefault));
+    return p;
+  }
+  static cudaError_t release(void* p) { return cudaFreeHost(p); }
+};
+
+// A buffer grown to the largest request (contents not kept across growth).
+template <class Memory>
 struct Grown {
   void* p = nullptr;
   size_t bytes = 0;
   ~Grown() {
-    if (p) cudaFree(p);
+    if (p) Memory::release(p);
   }
   template <class T>
   T* at_least(size_t count) {
     const size_t need = count * sizeof(T);
     if (need > bytes) {
-      if (p) MOECHECK_CUDA_CHECK(cudaFree(p));
+      if (p) MOECHECK_CUDA_CHECK(Memory::release(p));
       p = nullptr, bytes = 0;
-      MOECHECK_CUDA_CHECK(cudaMalloc(&p, need));
+      p = Memory::allocate(need);
       bytes = need;
     }
     return static_cast<T*>(p);
   }
 };
-
-// Page-locked host memory grown to the largest request: copies from it run at the bus's rate
-// and asynchronously, where copies from pageable memory go through the driver's own staging.
-struct PinnedGrown {
-  void* p = nullptr;
-  size_t bytes = 0;
-  ~PinnedGrown() {
-    if (p) cudaFreeHost(p);
-  }
-  template <class T>
-  T* at_least(size_t count) {
-    const size_t need = count * sizeof(T);
-    if (need > bytes) {
-      if (p) MOECHECK_CUDA_CHECK(cudaFreeHost(p));
-      p = nullptr, bytes = 0;
-      MOECHECK_CUDA_CHECK(cudaHostAlloc(&p, need, cudaHostAllocDefault));
-      bytes = need;
-    }
-    return static_cast<T*>(p);
-  }
-};
+using GrownDevice = Grown<DeviceMemory>;
+using GrownPinned = Grown<PinnedMemory>;
 
 // Copies n bytes from pageable src to device dst through the pinned buffer stage, in pieces, so
 // that the CPU's copy of one piece overlaps the bus transfer of the previous one.
-void upload_staged(void* dst, const void* src, size_t n, PinnedGrown& stage, cudaStream_t stream) {
+void upload_staged(void* dst, const void* src, size_t n, GrownPinned& stage, cudaStream_t stream) {
   constexpr size_t kPiece = size_t(4) << 20;
   char* pin = stage.at_least<char>(n);
   for (size_t off = 0; off < n; off += kPiece) {
@@ -95,8 +97,8 @@ void upload_staged(void* dst, const void* src, size_t n, PinnedGrown& stage, cud
 struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t handle = nullptr;
-  Grown codes, scales, w, a, out;
-  PinnedGrown pin_codes, pin_a, pin_out;
+  GrownDevice codes, scales, w, a, out;
+  GrownPinned pin_codes, pin_a, pin_out;
   cudaEvent_t upload_start = nullptr;                           // before the first copy up
   cudaEvent_t compute_start = nullptr, compute_end = nullptr;  // around dequantize + DGEMM
   Context() {
