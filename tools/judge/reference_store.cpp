@@ -28,6 +28,12 @@ std::vector<double> pack_requant_terms(const RequantTerms& q) {
   return rows;
 }
 
+// A stored crossing tail (FlipTail) is sane when every entry is >= 0: it holds sizes, counts,
+// probabilities and variances (infinite where a term is); NaN is not sane.
+bool sane_tail(const std::vector<double>& tail) {
+  return std::all_of(tail.begin(), tail.end(), [](double v) { return v >= 0; });
+}
+
 // The stored terms when whole and sane (finite; the variance and the mean's bound >= 0), else
 // nullopt: a damaged store is computed again and changes no judgement.
 std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t T, int64_t H, int64_t k) {
@@ -43,9 +49,7 @@ std::optional<RequantTerms> stored_requant_terms(ReferenceData& stored, int64_t 
       return std::nullopt;
     q.signal.push_back(r[0]), q.var.push_back(r[1]), q.mean.push_back(r[2]), q.mean_bound.push_back(r[3]);
   }
-  // Tails hold sizes, counts, probabilities and variances: all >= 0 (infinite where a term is).
-  for (const double v : stored.requant_flip_tail)
-    if (!(v >= 0)) return std::nullopt;
+  if (!sane_tail(stored.requant_flip_tail)) return std::nullopt;
   q.direction = std::move(stored.requant_direction);
   q.tail = std::move(stored.requant_flip_tail);
   return q;
@@ -145,12 +149,9 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
                    "noise_model is not \"" << kNoiseModelRevision << "\"): computing the reference; `moecheck "
                    "reference` stores it again\n";
     // Written by this revision but without the crossings' tails: damaged (revision 6 always has both).
-    auto sane = [](const std::vector<double>& tail) {
-      return std::all_of(tail.begin(), tail.end(), [](double v) { return v >= 0; });
-    };
     const bool has_tail = stored->slot_flip_tail.size() == size_t(T * k * kFlipTailWidth) &&
                           stored->slot_energy_tail.size() == size_t(T * k * kEnergyTailWidth) &&
-                          sane(stored->slot_flip_tail) && sane(stored->slot_energy_tail);
+                          sane_tail(stored->slot_flip_tail) && sane_tail(stored->slot_energy_tail);
     if (matches && current && !has_tail && progress)
       std::cerr << "moecheck: the stored /reference/quantized has no usable slot_flip_tail or slot_energy_tail (damaged): computing "
                    "the reference; `moecheck reference` stores it again\n";
