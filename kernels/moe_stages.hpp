@@ -102,6 +102,19 @@ void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t
 // skipped (their D rows are not written). With row_offset and expert_count (the permutation
 // plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
 // 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
+//
+// Two schedules compute the same bits (the tensor-core sum is the same instruction's, only the
+// operands' roles differ; GpuGemm tests pin it):
+//   small_batch  the weights as wgmma's A (64 columns per warpgroup), 8-64 rows as its N: bound
+//                by reading the weights, the decode case (sm90_fp8_grouped_gemm_1d2d.cu);
+//   large_batch  the activations as A (64 rows per CTA), 2 x 128 weight columns as N, a producer
+//                warp feeding both warpgroups through TMA and mbarriers, one persistent CTA per
+//                SM; needs block_tiles weights (sm90_fp8_grouped_gemm_1d2d_large.cu).
+// automatic picks large_batch when the weights are block tiles and the plan's row bound averages
+// at least 128 rows per expert (max_tiles >= 2 experts); with block tiles, the environment
+// variable MOECHECK_GEMM_SCHEDULE (small_batch, large_batch) overrides automatic, for benchmarks
+// and for running the gate on either schedule.
+enum class GemmSchedule { automatic, small_batch, large_batch };
 struct GroupedGemmArgs {
   const uint8_t* a = nullptr;        // [max_tiles * kGemmTileM, K] e4m3
   const float* a_scale = nullptr;    // [max_tiles * kGemmTileM, K/128]
@@ -114,8 +127,11 @@ struct GroupedGemmArgs {
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   Precision out_precision = Precision::f32;
   float* d = nullptr;                // [max_tiles * kGemmTileM, N]
+  GemmSchedule schedule = GemmSchedule::automatic;
 };
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);
+// The large_batch schedule alone (the dispatcher above checks the arguments first).
+void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t stream);
 
 // ---- SiLU * up and re-quantization (silu_mul_quant.cu) -------------------------------------
 // gemm1_out [max_rows, 2I] float (already rounded to intermediate); rows < totals[0] become

@@ -25,10 +25,9 @@
 // memory so that D rows are written with coalesced 16-byte stores.
 //
 // NOTES:
-//  - Grid: one CTA per (M tile, N tile), in expert order; inside an expert's range the M tiles
-//    run fastest when the plan is given (cta_tile), so the CTAs running together read the same
-//    128-row weight panel at about the same time and DRAM sees each expert's weights about once,
-//    while its few activation tiles stay in L2. Without the plan, N tiles run fastest.
+//  - Grid: one CTA per (M tile, N tile), in the order of grouped_gemm_order.cuh.
+//  - This is the small_batch schedule (moe_stages.hpp, GemmSchedule); launch_sm90_fp8_grouped_gemm
+//    hands large batches to sm90_fp8_grouped_gemm_1d2d_large.cu.
 //  - Padding rows (zero codes, scale 1) compute exact zeros; rows never mix (each output element
 //    reads one activation row), so nothing can leak between rows or experts.
 //  - Shared-memory layout and fragments: sm90_wgmma.cuh.
@@ -36,9 +35,12 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/grouped_gemm_order.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_stages.hpp"
 #include "kernels/sm90_wgmma.cuh"
@@ -84,22 +86,6 @@ __device__ __forceinline__ int tile_rows(const GemmParams& p, int64_t tile, int3
   const int64_t first = tile * kTileRows - p.row_offset[e];
   const int64_t rows = static_cast<int64_t>(p.expert_count[e]) - first;
   return rows <= 0 ? 0 : (rows >= kTileRows ? kTileRows : static_cast<int>(rows));
-}
-
-// The (M tile, N tile) of CTA `cta`. The CTAs of expert e occupy [R_e n_tiles, (R_e + m_e) n_tiles),
-// R_e = row_offset[e] / 64 its first tile and m_e its tile count, so the expert of a CTA is
-// tile_expert[cta / n_tiles] in either order.
-struct CtaTile {
-  int64_t tile, n_tile;
-  int32_t expert;
-};
-__device__ __forceinline__ CtaTile cta_tile(const GemmParams& p, int64_t cta, int64_t n_tiles) {
-  const int64_t t0 = cta / n_tiles;
-  const int32_t e = p.tile_expert[t0];
-  if (e < 0 || p.row_offset == nullptr) return {t0, cta % n_tiles, e};
-  const int64_t first = p.row_offset[e] / kTileRows, tiles = (p.row_offset[e + 1] - p.row_offset[e]) / kTileRows;
-  const int64_t local = cta - first * n_tiles;
-  return {first + local % tiles, local / tiles, e};
 }
 
 // Where a CTA's weight panel starts, and how K block kb of it is found. Row-major: 128 rows of
@@ -224,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  const CtaTile c = cta_tile(p, blockIdx.x, n_tiles);
+  const GemmItem c = gemm_item(p.tile_expert, p.row_offset, blockIdx.x, n_tiles);
   if (c.expert < 0) return;  // past the last tile of this routing
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
@@ -237,6 +223,22 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only
 #endif
+}
+
+// GemmSchedule::automatic's choice, or MOECHECK_GEMM_SCHEDULE's (moe_stages.hpp).
+bool use_large_batch(const GroupedGemmArgs& g) {
+  static const GemmSchedule forced = [] {
+    const char* v = std::getenv("MOECHECK_GEMM_SCHEDULE");
+    if (v == nullptr || *v == '\0') return GemmSchedule::automatic;
+    if (std::string(v) == "small_batch") return GemmSchedule::small_batch;
+    if (std::string(v) == "large_batch") return GemmSchedule::large_batch;
+    throw std::invalid_argument(std::string("MOECHECK_GEMM_SCHEDULE: '") + v +
+                                "' is not small_batch or large_batch");
+  }();
+  if (g.schedule != GemmSchedule::automatic) return g.schedule == GemmSchedule::large_batch;
+  if (g.b_layout != WeightLayout::block_tiles) return false;
+  if (forced != GemmSchedule::automatic) return forced == GemmSchedule::large_batch;
+  return g.max_tiles >= 2 * g.experts;
 }
 
 }  // namespace
@@ -255,6 +257,7 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   require_ptr(g.b_scale, who, "B scales", 4);
   require_ptr(g.tile_expert, who, "tile_expert", 4);
   require_ptr(g.d, who, "D", 16);
+  if (use_large_batch(g)) return launch_sm90_fp8_grouped_gemm_large(g, stream);
   static const bool smem_raised = [] {
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
