@@ -247,7 +247,7 @@ std::ostream& operator<<(std::ostream& os, const MoeCase& m) {
      << ",scale=" << to_string(c.scale_format) << ",layout=" << to_string(c.gate_up_layout)
      << ",inter=" << to_string(c.intermediate_dtype) << ",wdt=" << to_string(c.routing_weight_dtype)
      << ",rsf=" << c.routed_scaling_factor << ",bias=" << m.bias << ",bf16_entry=" << m.bf16_entry
-     << ",seed=" << m.seed << ")";
+     << ",block_tiles=" << m.block_tiles << ",seed=" << m.seed << ")";
   return os;
 }
 
@@ -387,6 +387,17 @@ std::vector<MoeCase> layer_cases() {
     m.zero_group_tokens = 5;
     v.push_back(m);
   }
+  {
+    // Block-tile weights and >= 128 rows per expert: the large_batch GEMM schedule in the whole
+    // layer (EP shard, odd K-block and N-tile counts, bias and bf16 intermediates included).
+    // Last, so that the cases above keep their seeds.
+    auto m = make_case("large_batch_block_tiles", RoutingMethod::deepseek_v3, 16, 4, 384, 256, 300);
+    m.c.n_group = 4, m.c.topk_group = 2, m.c.routed_scaling_factor = 2.5, m.bias = true;
+    m.c.local_expert_offset = 4, m.c.local_num_experts = 8;
+    m.c.intermediate_dtype = Precision::bf16;
+    m.block_tiles = true;
+    v.push_back(m);
+  }
   return v;
 }
 
@@ -400,6 +411,8 @@ DeviceLayer::DeviceLayer(const MoeCase& m, const MoeHostData& d)
       hidden_scales(d.hidden_scales),
       w13(d.w13),
       w2(d.w2),
+      w13_tiles(m.block_tiles ? d.w13.size() : 0),
+      w2_tiles(m.block_tiles ? d.w2.size() : 0),
       w13s(d.w13_scale),
       w2s(d.w2_scale),
       out(static_cast<size_t>(m.tokens * m.c.hidden_size)),
@@ -414,6 +427,16 @@ DeviceLayer::DeviceLayer(const MoeCase& m, const MoeHostData& d)
   in.gemm2_weights = w2.get();
   in.gemm2_weights_scale = w2s.get();
   in.num_tokens = m.tokens;
+  if (m.block_tiles) {
+    const MoeConfig& c = m.c;
+    const int64_t El = c.local_experts(), H = c.hidden_size, I = c.intermediate_size;
+    kernels::launch_pack_weight_tiles(w13.get(), El, 2 * I, H, w13_tiles.get(), nullptr);
+    kernels::launch_pack_weight_tiles(w2.get(), El, H, I, w2_tiles.get(), nullptr);
+    MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+    in.gemm1_weights = w13_tiles.get();
+    in.gemm2_weights = w2_tiles.get();
+    in.weight_layout = kernels::WeightLayout::block_tiles;
+  }
   if (m.bf16_entry) in.hidden_states_bf16 = hidden_bf16.get();
   else in.hidden_states = hidden_codes.get(), in.hidden_states_scale = hidden_scales.get();
 }

@@ -140,6 +140,9 @@ struct MoeCase {
   int32_t favour_first = -1;      // >= 0: experts [offset, offset + local) get +favour_first
   int64_t zero_group_tokens = 1;  // the first n tokens get an all-zero 128-group (eps scale)
   int64_t check_stride = 1;       // CPU GEMM/SiLU checks on every n-th token only (huge T)
+  bool block_tiles = false;       // weights packed once (WeightLayout::block_tiles), as the cuda
+                                  // backend loads them; large batches then take the large_batch
+                                  // GEMM schedule (cuda only: cuBLASLt reads row-major weights)
 };
 std::ostream& operator<<(std::ostream& os, const MoeCase& m);  // self-describing: name(k=v,...)
 // A case of this shape, everything else at its default.
@@ -184,7 +187,7 @@ struct DeviceLayer {
   DeviceBuffer<uint16_t> hidden_bf16;
   DeviceBuffer<uint8_t> hidden_codes;
   DeviceBuffer<float> hidden_scales;
-  DeviceBuffer<uint8_t> w13, w2;
+  DeviceBuffer<uint8_t> w13, w2, w13_tiles, w2_tiles;  // tiles: MoeCase::block_tiles
   DeviceBuffer<float> w13s, w2s;
   DeviceBuffer<uint16_t> out;  // [T, H]
   DeviceBuffer<float> eo;      // [T, k, H]
