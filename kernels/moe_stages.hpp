@@ -99,17 +99,19 @@ void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t
 // D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
 // the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
 // e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
-// skipped (their D rows are not written). With row_offset and expert_count (the permutation
-// plan's), a tile computes only the rows up to its expert's last routed row (rounded up to 8, 16,
-// 32 or 64) and writes zeros to the rest, which are padding rows and would compute zeros.
+// skipped (their D rows are not written). Padding rows (the permutation plan's rows past an
+// expert's routed count) must hold zero codes and a finite scale, as the gather and the SiLU
+// re-quantization leave them: they are +0 in D.
 //
 // Two schedules compute the same bits (the tensor-core sum is the same instruction's, only the
-// operands' roles differ; GpuGemm tests pin it):
+// operands' roles differ; measured equal on the GpuGemm tests' data):
 //   small_batch  the weights as wgmma's A (64 columns per warpgroup), 8-64 rows as its N: bound
-//                by reading the weights, the decode case (sm90_fp8_grouped_gemm_1d2d.cu);
-//   large_batch  the activations as A (64 rows per CTA), 2 x 128 weight columns as N, a producer
-//                warp feeding both warpgroups through TMA and mbarriers, one persistent CTA per
-//                SM; needs block_tiles weights (sm90_fp8_grouped_gemm_1d2d_large.cu).
+//                by reading the weights, the decode case (sm90_fp8_grouped_gemm_1d2d.cu). With
+//                row_offset and expert_count it computes a tile's rows only up to its expert's
+//                last routed row (rounded up to 8, 16, 32 or 64) and writes zeros to the rest;
+//   large_batch  the activations as A (64 rows per CTA, all computed), 2 x 128 weight columns
+//                as N, TMA and bulk copies on mbarriers issued by one thread, one persistent CTA
+//                per SM; needs block_tiles weights (sm90_fp8_grouped_gemm_1d2d_large.cu).
 // automatic picks large_batch when the weights are block tiles and the plan's row bound averages
 // at least 128 rows per expert (max_tiles >= 2 experts); with block tiles, the environment
 // variable MOECHECK_GEMM_SCHEDULE (small_batch, large_batch) overrides automatic, for benchmarks

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
 }
 
 // GemmSchedule::automatic's choice, or MOECHECK_GEMM_SCHEDULE's (moe_stages.hpp).
-bool use_large_batch(const GroupedGemmArgs& g) {
+GemmSchedule schedule_from_environment() {
   static const GemmSchedule forced = [] {
     const char* v = std::getenv("MOECHECK_GEMM_SCHEDULE");
     if (v == nullptr || *v == '\0') return GemmSchedule::automatic;
@@ -235,8 +235,17 @@ bool use_large_batch(const GroupedGemmArgs& g) {
     throw std::invalid_argument(std::string("MOECHECK_GEMM_SCHEDULE: '") + v +
                                 "' is not small_batch or large_batch");
   }();
+  return forced;
+}
+
+bool use_large_batch(const GroupedGemmArgs& g) {
   if (g.schedule != GemmSchedule::automatic) return g.schedule == GemmSchedule::large_batch;
-  if (g.b_layout != WeightLayout::block_tiles) return false;
+  // Where the large-batch kernel cannot run (row-major weights; a tensor map's 32-bit
+  // coordinates), automatic and the environment keep the small-batch one.
+  if (g.b_layout != WeightLayout::block_tiles || g.k > (int64_t{1} << 31) ||
+      g.max_tiles * kGemmTileM > (int64_t{1} << 31))
+    return false;
+  const GemmSchedule forced = schedule_from_environment();
   if (forced != GemmSchedule::automatic) return forced == GemmSchedule::large_batch;
   return g.max_tiles >= 2 * g.experts;
 }

@@ -18,9 +18,9 @@
 // Pipeline: kStages shared-memory stages, each filled by one TMA copy of the activations' box
 // (the tensor map's 128-byte swizzle is the layout wgmma reads) and one bulk copy per 16 KiB
 // weight block tile (WeightLayout::block_tiles, already swizzled), all completing on the stage's
-// `full` mbarrier. A warpgroup waits on `full`, runs and waits for its instructions, and each of
-// its warps arrives on the stage's `empty` mbarrier; then it promotes while the other
-// warpgroup's instructions run. Thread 0 issues the copies (Feed), kStages - 1 blocks ahead: a
+// `full` mbarrier. A warpgroup waits on `full`, runs and waits for its instructions, promotes
+// (while the other warpgroup's instructions run), and each of its warps arrives on the stage's
+// `empty` mbarrier. Thread 0 issues the copies (Feed), kStages - 1 blocks ahead: a
 // separate producer warp would be a ninth warp, and three warps on one SM sub-partition cap a
 // thread at 168 registers. No CTA-wide barrier after the set-up.
 //
@@ -34,8 +34,9 @@
 //  - An item whose second N tile is past N (N/128 odd): one weight tile is copied, and the second
 //    warpgroup keeps the barrier protocol (waits on full, arrives on empty) without computing or
 //    storing, so the barriers' counts never depend on the item.
-//  - All 64 rows of a tile are computed: padding rows hold zero codes and scale 1, so they compute
-//    exact +0, the value the small_batch schedule writes for them.
+//  - All 64 rows of a tile are computed: padding rows hold zero codes (and a finite scale: 1 in
+//    GEMM1, the eps scale in GEMM2), so they compute exact +0, the value the small_batch
+//    schedule writes for them.
 #include <cuda.h>  // CUtensorMap and its enums only; the encoder comes through the runtime
 #include <cuda_runtime.h>
 
