@@ -161,14 +161,9 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
     if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
     cp_async_commit();
 
-    // Tensor-core sum of this block, from zero: 4 chained k32 instructions.
+    // Tensor-core sum of this block, from zero: the weights as A, the rows as B.
     const uint32_t s_w = smem_addr(st) + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = smem_addr(st) + kWeightBytes;
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kBlockK / 32; ++s)
-      wgmma_e4m3<kRows>(part, smem_desc(s_w + 32 * s), smem_desc(s_a + 32 * s), s > 0 ? 1 : 0);
-    wgmma_commit();
-    wgmma_wait_all();
+    wgmma_block_sum<kRows>(part, s_w, s_a);
 
     // Promote: column c of the fragment is activation row c, scaled by its own sa.
     const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + kActBytes);

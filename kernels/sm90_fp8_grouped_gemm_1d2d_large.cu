@@ -172,16 +172,6 @@ struct Feed {
   }
 };
 
-// One K block of one M tile: the 4 chained instructions from zero into `part`, waited for.
-__device__ __forceinline__ void block_sum(float (&part)[kCols / 2], uint32_t s_a, uint32_t s_w) {
-  wgmma_fence();
-#pragma unroll
-  for (int q = 0; q < kBlockK / 32; ++q)
-    wgmma_e4m3<kCols>(part, smem_desc(s_a + 32 * q), smem_desc(s_w + 32 * q), q > 0 ? 1 : 0);
-  wgmma_commit();
-  wgmma_wait_all();
-}
-
 // acc += fl32(sa * sb) * part, per row of the fragment (sm90_wgmma.cuh): part[4j], part[4j+1]
 // are row r0, columns 8j + 2t, +1; part[4j+2], part[4j+3] row r0 + 8.
 __device__ __forceinline__ void promote(float (&acc)[kCols / 2], const float (&part)[kCols / 2], float sa0, float sa1,
@@ -246,10 +236,10 @@ __device__ void consume(const LargeParams& p, const CUtensorMap* act_map, uint8_
       const uint32_t st = smem_addr(smem + s * S::kStageBytes), s_w = st + S::kActBytes + wg * kWeightBytes;
       mbarrier_wait(bars + 8 * s, phase);
       if (active) {
-        block_sum(part, st, s_w);
+        wgmma_block_sum<kCols>(part, st, s_w);
         promote(acc0, part, sa0, sa1, sb);
         if (second) {
-          block_sum(part, st + kRows * kBlockK, s_w);
+          wgmma_block_sum<kCols>(part, st + kRows * kBlockK, s_w);
           promote(acc1, part, sa2, sa3, sb);
         }
       }

@@ -129,6 +129,19 @@ __device__ __forceinline__ void wgmma_e4m3<128>(float (&d)[64], uint64_t da, uin
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// The tensor-core sum of one 128-wide K block into `part`, from zero: 4 chained k32 instructions
+// over descriptors stepped 32 bytes (the accumulation TensorCoreModel::hopper_wgmma models; the
+// GEMM's contract, docs/DEVICE-ALGORITHM.md §3), committed as one group and waited for. A
+// (64 rows) and B (N rows) at shared addresses a and b, both K-major in the 128-byte swizzle.
+template <int N>
+__device__ __forceinline__ void wgmma_block_sum(float (&part)[N / 2], uint32_t a, uint32_t b) {
+  wgmma_fence();
+#pragma unroll
+  for (int q = 0; q < 4; ++q) wgmma_e4m3<N>(part, smem_desc(a + 32 * q), smem_desc(b + 32 * q), q > 0 ? 1 : 0);
+  wgmma_commit();
+  wgmma_wait_all();
+}
+
 // ---- mbarriers, bulk and tensor copies (PTX ISA: "mbarrier", "cp.async.bulk", "cp.async.bulk.tensor") ----
 // The copies write through the async proxy and complete on an mbarrier's transaction count, so a
 // thread that has seen the phase complete may hand the bytes to wgmma (also the async proxy)
