@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
 #endif
 }
 
-// GemmSchedule::automatic's choice, or MOECHECK_GEMM_SCHEDULE's (moe_stages.hpp).
+// MOECHECK_GEMM_SCHEDULE (moe_stages.hpp), read once: automatic when unset.
 GemmSchedule schedule_from_environment() {
   static const GemmSchedule forced = [] {
     const char* v = std::getenv("MOECHECK_GEMM_SCHEDULE");
@@ -233,6 +233,7 @@ GemmSchedule schedule_from_environment() {
   return forced;
 }
 
+// The schedule a launch takes: the caller's, else the environment's, else automatic's choice.
 bool use_large_batch(const GroupedGemmArgs& g) {
   if (g.schedule != GemmSchedule::automatic) return g.schedule == GemmSchedule::large_batch;
   // Where the large-batch kernel cannot run (row-major weights; a tensor map's 32-bit

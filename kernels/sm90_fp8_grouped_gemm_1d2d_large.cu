@@ -11,9 +11,8 @@
 // weights as B). Each of the two warpgroups owns one N tile: 64 accumulators and 64 block sums
 // per thread. Per k32 instruction a warpgroup reads 2 KiB of A and 4 KiB of B from shared memory
 // for 262144 products, 96 bytes per cycle at the tensor cores' rate against 128 for the
-// small_batch tiling (docs/bench/CUDA-GEMM-NOTES.md). MOECHECK_GEMM_MTILES=2 (a measurement's
-// switch) gives an item two M tiles that share the weight tiles: 40% less traffic from L2 per
-// product, but 248 registers and two waits per block, and slower on the H100 (the notes).
+// small_batch tiling (docs/bench/CUDA-GEMM-NOTES.md, which also has the measurements of a
+// variant with two M tiles per item, slower on the H100 and removed).
 //
 // Pipeline: kStages shared-memory stages, each filled by one TMA copy of the activations' box
 // (the tensor map's 128-byte swizzle is the layout wgmma reads) and one bulk copy per 16 KiB
@@ -29,8 +28,6 @@
 // output, which goes straight from registers to D (8-byte stores: whole 32-byte sectors).
 //
 // NOTES:
-//  - Pairs of M tiles (MOECHECK_GEMM_MTILES=2): an expert's tiles 2q and 2q + 1 (work_of); with
-//    an odd tile count its last pair has one tile. Without the permutation plan, one tile.
 //  - An item whose second N tile is past N (N/128 odd): one weight tile is copied, and the second
 //    warpgroup keeps the barrier protocol (waits on full, arrives on empty) without computing or
 //    storing, so the barriers' counts never depend on the item.
@@ -42,7 +39,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda_check.hpp"
@@ -62,18 +58,13 @@ constexpr int kCols = static_cast<int>(kGemmTileN);    // 128 per warpgroup: wgm
 constexpr int kBlockK = static_cast<int>(kScaleBlock); // 128
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps;
+constexpr int kStages = 5;
+constexpr int kActBytes = kRows * kBlockK;             // 8 KiB
 constexpr int kWeightBytes = kCols * kBlockK;          // 16 KiB per N tile
-
-// kMTiles M tiles of one expert per work item share its two weight tiles in shared memory.
-template <int kMTiles>
-struct Shape {
-  static constexpr int kStages = kMTiles == 1 ? 5 : 4;
-  static constexpr int kActBytes = kMTiles * kRows * kBlockK;  // 8 KiB per M tile
-  static constexpr int kStageBytes = kActBytes + 2 * kWeightBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;  // + atom alignment, barriers
-  static_assert(kStageBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
-};
+constexpr int kStageBytes = kActBytes + 2 * kWeightBytes;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;  // + atom alignment, barriers
+static_assert(kStageBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
+static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 
 struct LargeParams {
   const float* a_scale;
@@ -87,38 +78,10 @@ struct LargeParams {
 };
 
 // Items of this launch: the plan's used tiles (row_offset[E] rows), else every tile, times the
-// N-tile pairs.
+// N-tile pairs. Item i is (M tile, N pair) in the order of grouped_gemm_order.cuh.
 __device__ __forceinline__ int64_t item_count(const LargeParams& p, int64_t n_pairs) {
   const int64_t tiles = p.row_offset != nullptr ? p.row_offset[p.experts] / kRows : p.max_tiles;
   return tiles * n_pairs;
-}
-
-// Work item i: its first M tile, N-tile pair and expert, and whether it has a second M tile;
-// false for an item that has no work. Items are numbered as grouped_gemm_order.cuh numbers
-// (M tile, N pair) pairs. With two M tiles per item, expert e's m_e tiles make P_e = ceil(m_e / 2)
-// pairs, and the first P_e n_pairs of its m_e n_pairs item numbers are its (pair, N pair) items,
-// pairs fastest; the rest have no work. The idle numbers are contiguous, so the round robin
-// over CTAs spreads them evenly. Without the plan every item has one tile.
-struct Work {
-  int64_t tile, n_pair;
-  int32_t expert;
-  bool second_m;
-};
-template <int kMTiles>
-__device__ __forceinline__ bool work_of(const LargeParams& p, int64_t i, int64_t n_pairs, Work& w) {
-  if (kMTiles == 1 || p.row_offset == nullptr) {
-    const GemmItem it = gemm_item(p.tile_expert, p.row_offset, i, n_pairs);
-    w = {it.tile, it.n_tile, it.expert, false};
-    return it.expert >= 0;
-  }
-  const int32_t e = p.tile_expert[i / n_pairs];
-  if (e < 0) return false;
-  const int64_t first = p.row_offset[e] / kRows, tiles = p.row_offset[e + 1] / kRows - first;
-  const int64_t local = i - first * n_pairs, pairs = (tiles + 1) / 2;
-  if (local >= pairs * n_pairs) return false;
-  const int64_t q = local % pairs;
-  w = {first + 2 * q, local / pairs, e, 2 * q + 1 < tiles};
-  return true;
 }
 
 // The copies into the stages, issued by thread 0 (a consumer thread too): a cursor over this
@@ -126,16 +89,14 @@ __device__ __forceinline__ bool work_of(const LargeParams& p, int64_t i, int64_t
 // into stage `it % kStages` once both warpgroups have released it (mbarrier `empty`); the copies
 // complete on `full`. Thread 0 calls it once per block it consumes, so the copies run a fixed
 // number of blocks ahead, across item boundaries.
-template <int kMTiles>
 struct Feed {
-  using S = Shape<kMTiles>;
   const LargeParams& p;
   const CUtensorMap* act_map;
   uint32_t stages, bars;  // shared addresses: stage 0, full[0]
   int64_t k_blocks, n_tiles, n_pairs, items;
   int64_t i = 0, kb = 0;
   uint32_t it = 0;
-  Work w{};
+  GemmItem w{};
   bool valid = false;
 
   __device__ Feed(const LargeParams& p_, const CUtensorMap* map, uint32_t stages_, uint32_t bars_)
@@ -145,28 +106,28 @@ struct Feed {
   }
   __device__ void next_item() {
     valid = false;
-    for (i += gridDim.x; i < items; i += gridDim.x)
-      if (work_of<kMTiles>(p, i, n_pairs, w)) {
+    for (i += gridDim.x; i < items; i += gridDim.x) {
+      w = gemm_item(p.tile_expert, p.row_offset, i, n_pairs);
+      if (w.expert >= 0) {
         valid = true, kb = 0;
         return;
       }
+    }
   }
   __device__ void fill() {
     if (!valid) return;
-    const int64_t n_tile = 2 * w.n_pair;
+    const int64_t n_tile = 2 * w.n_tile;
     const bool second_n = n_tile + 1 < n_tiles;
     const uint8_t* panel = p.b + (static_cast<int64_t>(w.expert) * n_tiles + n_tile) * k_blocks * kWeightBytes;
-    // The activation box is kMTiles tiles tall; a second tile of another expert (or zeros past
-    // the tensor) is copied and left unread.
-    const uint32_t bytes = S::kActBytes + (second_n ? 2 : 1) * kWeightBytes;
-    const uint32_t s = it % S::kStages, phase = (it / S::kStages) & 1;
-    const uint32_t full = bars + 8 * s, empty = bars + 8 * (S::kStages + s), st = stages + s * S::kStageBytes;
+    const uint32_t bytes = kActBytes + (second_n ? 2 : 1) * kWeightBytes;
+    const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+    const uint32_t full = bars + 8 * s, empty = bars + 8 * (kStages + s), st = stages + s * kStageBytes;
     mbarrier_wait(empty, phase ^ 1);
     mbarrier_arrive_expect_tx(full, bytes);
     tensor_copy_2d_g2s(st, act_map, static_cast<int32_t>(kb * kBlockK), static_cast<int32_t>(w.tile * kRows), full);
-    bulk_copy_g2s(st + S::kActBytes, panel + kb * kWeightBytes, kWeightBytes, full);
+    bulk_copy_g2s(st + kActBytes, panel + kb * kWeightBytes, kWeightBytes, full);
     if (second_n)
-      bulk_copy_g2s(st + S::kActBytes + kWeightBytes, panel + (k_blocks + kb) * kWeightBytes, kWeightBytes, full);
+      bulk_copy_g2s(st + kActBytes + kWeightBytes, panel + (k_blocks + kb) * kWeightBytes, kWeightBytes, full);
     ++it;
     if (++kb == k_blocks) next_item();
   }
@@ -198,80 +159,67 @@ __device__ __forceinline__ void store_rows(const LargeParams& p, const float (&a
   }
 }
 
-template <int kMTiles>
 __device__ void consume(const LargeParams& p, const CUtensorMap* act_map, uint8_t* smem, uint32_t bars) {
-  using S = Shape<kMTiles>;
   const int64_t k_blocks = p.k / kBlockK, n_tiles = p.n / kCols, n_pairs = (n_tiles + 1) / 2;
   const int64_t items = item_count(p, n_pairs);
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int r0 = 16 * warp + (lane >> 2);  // this thread's rows of an M tile: r0 and r0 + 8
+  const int r0 = 16 * warp + (lane >> 2);  // this thread's rows of the M tile: r0 and r0 + 8
   const int c0 = 2 * (lane & 3);           // and its first column of each 8
-  Feed<kMTiles> feed(p, act_map, smem_addr(smem), bars);  // used by thread 0 only
+  Feed feed(p, act_map, smem_addr(smem), bars);  // used by thread 0 only
   // kStages - 1 blocks ahead: the stage refilled after block it is block it - 1's, which the
   // other warpgroup has most likely left by then, so thread 0 seldom waits for it (refilling the
   // stage just left would hold warpgroup 0 until warpgroup 1 had promoted the same block).
   if (tid == 0)
-    for (int s = 0; s < S::kStages - 1; ++s) feed.fill();
+    for (int s = 0; s < kStages - 1; ++s) feed.fill();
   __syncwarp();
   uint32_t it = 0;
   for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
-    Work w;
-    if (!work_of<kMTiles>(p, i, n_pairs, w)) continue;
-    const int64_t n_tile = 2 * w.n_pair + wg;
-    const bool active = n_tile < n_tiles, second = kMTiles == 2 && w.second_m;
+    const GemmItem w = gemm_item(p.tile_expert, p.row_offset, i, n_pairs);
+    if (w.expert < 0) continue;
+    const int64_t n_tile = 2 * w.n_tile + wg;
+    const bool active = n_tile < n_tiles;
     const int64_t row0 = w.tile * kRows;
-    // Scales of rows r0, r0 + 8 of the first M tile, then of the second (64 rows further).
-    const float* g_sa = p.a_scale + (row0 + r0) * k_blocks;
-    const int64_t sa_step = 8 * k_blocks, sa_tile = kRows * k_blocks;
+    const float* g_sa = p.a_scale + (row0 + r0) * k_blocks;  // rows r0 and r0 + 8
+    const int64_t sa_step = 8 * k_blocks;
     const float* g_sb = p.b_scale + (static_cast<int64_t>(w.expert) * n_tiles + (active ? n_tile : 0)) * k_blocks;
 
-    float acc0[kCols / 2], acc1[kCols / 2], part[kCols / 2];
+    float acc[kCols / 2], part[kCols / 2];
 #pragma unroll
-    for (int j = 0; j < kCols / 2; ++j) acc0[j] = acc1[j] = 0.0f;
+    for (int j = 0; j < kCols / 2; ++j) acc[j] = 0.0f;
     for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
       const float sb = __ldg(g_sb + kb), sa0 = __ldg(g_sa + kb), sa1 = __ldg(g_sa + sa_step + kb);
-      float sa2 = 0.0f, sa3 = 0.0f;
-      if (second) sa2 = __ldg(g_sa + sa_tile + kb), sa3 = __ldg(g_sa + sa_tile + sa_step + kb);
-      const uint32_t s = it % S::kStages, phase = (it / S::kStages) & 1;
-      const uint32_t st = smem_addr(smem + s * S::kStageBytes), s_w = st + S::kActBytes + wg * kWeightBytes;
+      const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+      const uint32_t st = smem_addr(smem + s * kStageBytes), s_w = st + kActBytes + wg * kWeightBytes;
       mbarrier_wait(bars + 8 * s, phase);
       if (active) {
         wgmma_block_sum<kCols>(part, st, s_w);
-        promote(acc0, part, sa0, sa1, sb);
-        if (second) {
-          wgmma_block_sum<kCols>(part, st + kRows * kBlockK, s_w);
-          promote(acc1, part, sa2, sa3, sb);
-        }
+        promote(acc, part, sa0, sa1, sb);
       }
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(bars + 8 * (S::kStages + s));  // this warp is done with the stage
+      if (lane == 0) mbarrier_arrive(bars + 8 * (kStages + s));  // this warp is done with the stage
       if (tid == 0) feed.fill();  // the block kStages - 1 ahead, into block it - 1's stage
       __syncwarp();
     }
     if (!active) continue;
-    float* g_d = p.d + (row0 + r0) * p.n + n_tile * kCols + c0;
-    store_rows(p, acc0, g_d);
-    if (second) store_rows(p, acc1, g_d + kRows * p.n);
+    store_rows(p, acc, p.d + (row0 + r0) * p.n + n_tile * kCols + c0);
   }
 }
 
-template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_fp8_grouped_gemm_1d2d_large_kernel(const __grid_constant__ CUtensorMap act_map, LargeParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Shape<kMTiles>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  const uint32_t bars = smem_addr(smem + S::kStages * S::kStageBytes);  // full[kStages], then empty[kStages]
+  const uint32_t bars = smem_addr(smem + kStages * kStageBytes);  // full[kStages], then empty[kStages]
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S::kStages; ++s) {
-      mbarrier_init(bars + 8 * s, 1);                              // thread 0's arrive + the bytes
-      mbarrier_init(bars + 8 * (S::kStages + s), kConsumerWarps);  // one arrival per consumer warp
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(bars + 8 * s, 1);                           // thread 0's arrive + the bytes
+      mbarrier_init(bars + 8 * (kStages + s), kConsumerWarps);  // one arrival per consumer warp
     }
     fence_mbarrier_init();
   }
   __syncthreads();
-  consume<kMTiles>(p, &act_map, smem, bars);
+  consume(p, &act_map, smem, bars);
 #else
   (void)act_map, (void)p;
   __trap();  // wgmma needs sm_90a; the library is built for it only
@@ -294,13 +242,13 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// The activations [rows, K] e4m3 as a 2D tensor with box_rows x 128-byte boxes in the 128-byte
+// The activations [rows, K] e4m3 as a 2D tensor with 64-row x 128-byte boxes in the 128-byte
 // swizzle: each box lands in shared memory in the layout the wgmma descriptors read.
-CUtensorMap activation_map(const uint8_t* a, int64_t rows, int64_t k, int box_rows) {
+CUtensorMap activation_map(const uint8_t* a, int64_t rows, int64_t k) {
   CUtensorMap m;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {kBlockK, static_cast<cuuint32_t>(box_rows)}, step[2] = {1, 1};
+  const cuuint32_t box[2] = {kBlockK, kRows}, step[2] = {1, 1};
   const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a), dims, strides, box,
                                     step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -309,24 +257,6 @@ CUtensorMap activation_map(const uint8_t* a, int64_t rows, int64_t k, int box_ro
                         " encoding the activations' tensor map",
                     cudaErrorInvalidValue);
   return m;
-}
-
-template <int kMTiles>
-void launch(const GroupedGemmArgs& g, int sms, cudaStream_t stream, const char* who) {
-  using S = Shape<kMTiles>;
-  static const bool smem_raised = [] {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_large_kernel<kMTiles>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
-    return true;
-  }();
-  (void)smem_raised;
-  const CUtensorMap act_map = activation_map(g.a, g.max_tiles * kRows, g.k, kMTiles * kRows);
-  const LargeParams p{g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.max_tiles, g.n, g.k, g.experts,
-                      g.d, g.out_precision == Precision::bf16};
-  const int64_t items = g.max_tiles * ((g.n / kCols + 1) / 2);
-  const int64_t grid = items < sms ? items : sms;
-  sm90_fp8_grouped_gemm_1d2d_large_kernel<kMTiles><<<grid_x(grid, who), kThreads, S::kSmemBytes, stream>>>(act_map, p);
-  MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_large_kernel");
 }
 
 }  // namespace
@@ -342,15 +272,17 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
     int dev = 0, n = 0;
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
     MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_large_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return n;
   }();
-  // M tiles per work item: 1 unless MOECHECK_GEMM_MTILES=2 (an experiment's switch).
-  static const int m_tiles = [] {
-    const char* v = std::getenv("MOECHECK_GEMM_MTILES");
-    return v != nullptr && std::string(v) == "2" ? 2 : 1;
-  }();
-  if (m_tiles == 1) launch<1>(g, sms, stream, who);
-  else launch<2>(g, sms, stream, who);
+  const CUtensorMap act_map = activation_map(g.a, g.max_tiles * kRows, g.k);
+  const LargeParams p{g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.max_tiles, g.n, g.k, g.experts,
+                      g.d, g.out_precision == Precision::bf16};
+  const int64_t items = g.max_tiles * ((g.n / kCols + 1) / 2);
+  const int64_t grid = items < sms ? items : sms;
+  sm90_fp8_grouped_gemm_1d2d_large_kernel<<<grid_x(grid, who), kThreads, kSmemBytes, stream>>>(act_map, p);
+  MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_large_kernel");
 }
 
 }  // namespace moecheck::kernels

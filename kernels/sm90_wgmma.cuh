@@ -108,7 +108,6 @@ __device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t da, uint
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-
 template <>
 __device__ __forceinline__ void wgmma_e4m3<128>(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
