@@ -2,6 +2,8 @@
 // normal-ish bf16 activations and float logits, all on the default stream. Plain C++ header.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -13,5 +15,8 @@ void fill_fp8(void* p, size_t n, uint64_t seed);
 void fill_float(void* p, size_t n, uint64_t seed, float base, bool positive);
 // bf16 bits of unit-variance normal-ish values (|x| <= 2 sqrt 3).
 void fill_bf16(void* p, size_t n, uint64_t seed);
+// Reads `bytes` of p (a multiple of 16, 16-byte aligned) on `stream`, so that L2 then holds clean
+// lines of p; sink: one device word it may write.
+void read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream_t stream);
 
 }  // namespace moecheck::kernels

@@ -66,8 +66,8 @@ std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBen
                    ds.hbm_gbs > 0 ? fmt::format(" (HBM {:.0f} GB/s, {})", ds.hbm_gbs, ds.name) : ""));
   if (ds.fp8_tflops > 0) line(fmt::format("          dense FP8 {:.0f} TFLOP/s ({})", ds.fp8_tflops, ds.name));
   line(fmt::format("method: CUDA events; {} warm-up runs per input set, then the median of >= {} runs and >= {} s "
-                   "per batch; L2 ({} MiB) flushed before each run; {} input sets rotated; bf16 entry "
-                   "(activation quantization timed)",
+                   "per batch; L2 ({} MiB) refilled with clean lines of another buffer before each run; {} input "
+                   "sets rotated; bf16 entry (activation quantization timed)",
                    o.warmup, o.min_iters, o.min_seconds, r.l2_bytes >> 20, o.input_sets));
   line("");
   line(fmt::format("{:>6} {:>7} {:>8} {:>10} {:>17} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7}  {}", "tokens", "slots",
