@@ -11,8 +11,7 @@
 
 namespace moecheck::compare {
 
-void give_verdict(const MoeProblem& p, const CompareOptions& opt, CompareResult& R) {
-  const double z = aggregate_z(p, R.experts.size(), opt);
+void give_verdict(const MoeProblem&, const CompareOptions& opt, CompareResult& R) {
   // Severity: how far past its limit the expert's worst test is (1 = at the limit).
   auto severity = [&](const ExpertVerdict& v) {
     const double limit = v.beta_detectable - v.beta_allow;
