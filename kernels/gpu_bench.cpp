@@ -163,6 +163,7 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   if (o.routing_bias) fill_float(bias.p, size_t(E), o.seed * 8 + 7, 0.1f, false);
   const size_t flush_n = std::max<size_t>(size_t(2) * l2, size_t(256) << 20);
   DeviceBuffer flush(flush_n);
+  MOECHECK_CUDA_CHECK(cudaMemset(flush.p, 0, flush.bytes));  // its values do not matter; defined all the same
   DeviceBuffer sink(4);
   // Before each timed run the L2 is filled with clean lines of `flush` by reading it: the run then
   // finds none of its weights in L2 and owes no write-back of the previous run's lines. A memset
