@@ -129,8 +129,8 @@ BackendOutput run_gpu_backend(const MoeProblem& p, bool hidden_is_bf16, GpuBacke
     // The weights in the GEMM's own layout, as the bench times it (made once, like an engine's
     // weight preparation at load time).
     DeviceBuffer t13(w13.bytes), t2(w2.bytes);
-    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13.as<uint8_t>(), nullptr);
-    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2.as<uint8_t>(), nullptr);
+    launch_pack_layer_weight_tiles(c, w13.as<uint8_t>(), w2.as<uint8_t>(), t13.as<uint8_t>(), t2.as<uint8_t>(),
+                                   nullptr);
     in.gemm1_weights = t13.as<uint8_t>(), in.gemm2_weights = t2.as<uint8_t>();
     in.weight_layout = WeightLayout::block_tiles;
     MoeWorkspace ws(c, T);

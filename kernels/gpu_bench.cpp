@@ -152,8 +152,8 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   std::unique_ptr<DeviceBuffer> t13, t2;
   if (tiles) {
     t13 = std::make_unique<DeviceBuffer>(w13_n), t2 = std::make_unique<DeviceBuffer>(w2_n);
-    launch_pack_weight_tiles(w13.as<uint8_t>(), El, 2 * I, H, t13->as<uint8_t>(), nullptr);
-    launch_pack_weight_tiles(w2.as<uint8_t>(), El, H, I, t2->as<uint8_t>(), nullptr);
+    launch_pack_layer_weight_tiles(c, w13.as<uint8_t>(), w2.as<uint8_t>(), t13->as<uint8_t>(), t2->as<uint8_t>(),
+                                   nullptr);
   }
   const int sets = std::max(1, o.input_sets);
   DeviceBuffer hidden(2 * size_t(T_max * H) * sets), logits(4 * size_t(T_max * E) * sets),

@@ -94,6 +94,10 @@ enum class WeightLayout { row_major, block_tiles };
 // row_major [experts, n, k] -> block_tiles (above); n, k multiples of 128; the two must not overlap.
 void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t n, int64_t k, uint8_t* tiles,
                               cudaStream_t stream);
+// Both weight tensors of a layer of config c into their block tiles: w13 [E_local, 2I, H] -> t13,
+// w2 [E_local, H, I] -> t2 (each the size of its source).
+void launch_pack_layer_weight_tiles(const MoeConfig& c, const uint8_t* w13, const uint8_t* w2, uint8_t* t13,
+                                    uint8_t* t2, cudaStream_t stream);
 
 // ---- Grouped GEMM, FP8 x FP8, 1x128 x 128x128 scales (sm90_fp8_grouped_gemm_1d2d.cu) ------
 // D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
@@ -132,8 +136,11 @@ struct GroupedGemmArgs {
   GemmSchedule schedule = GemmSchedule::automatic;
 };
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);
-// The large_batch schedule alone (the dispatcher above checks the arguments first).
+// The large_batch schedule alone (the dispatcher above checks the arguments first), and whether it
+// can run g at all: block-tile weights, K and the row count within a tensor map's 32-bit
+// coordinates (automatic and MOECHECK_GEMM_SCHEDULE keep the small_batch schedule where not).
 void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t stream);
+bool large_batch_schedule_fits(const GroupedGemmArgs& g);
 
 // ---- SiLU * up and re-quantization (silu_mul_quant.cu) -------------------------------------
 // gemm1_out [max_rows, 2I] float (already rounded to intermediate); rows < totals[0] become

@@ -52,4 +52,11 @@ void launch_pack_weight_tiles(const uint8_t* row_major, int64_t experts, int64_t
   MOECHECK_CUDA_CHECK_LAUNCH("pack_weight_tiles_kernel");
 }
 
+void launch_pack_layer_weight_tiles(const MoeConfig& c, const uint8_t* w13, const uint8_t* w2, uint8_t* t13,
+                                    uint8_t* t2, cudaStream_t stream) {
+  const int64_t El = c.local_experts(), H = c.hidden_size, I = c.intermediate_size;
+  launch_pack_weight_tiles(w13, El, 2 * I, H, t13, stream);
+  launch_pack_weight_tiles(w2, El, H, I, t2, stream);
+}
+
 }  // namespace moecheck::kernels

@@ -428,10 +428,7 @@ DeviceLayer::DeviceLayer(const MoeCase& m, const MoeHostData& d)
   in.gemm2_weights_scale = w2s.get();
   in.num_tokens = m.tokens;
   if (m.block_tiles) {
-    const MoeConfig& c = m.c;
-    const int64_t El = c.local_experts(), H = c.hidden_size, I = c.intermediate_size;
-    kernels::launch_pack_weight_tiles(w13.get(), El, 2 * I, H, w13_tiles.get(), nullptr);
-    kernels::launch_pack_weight_tiles(w2.get(), El, H, I, w2_tiles.get(), nullptr);
+    kernels::launch_pack_layer_weight_tiles(m.c, w13.get(), w2.get(), w13_tiles.get(), w2_tiles.get(), nullptr);
     MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
     in.gemm1_weights = w13_tiles.get();
     in.gemm2_weights = w2_tiles.get();
