@@ -236,11 +236,8 @@ GemmSchedule schedule_from_environment() {
 // The schedule a launch takes: the caller's, else the environment's, else automatic's choice.
 bool use_large_batch(const GroupedGemmArgs& g) {
   if (g.schedule != GemmSchedule::automatic) return g.schedule == GemmSchedule::large_batch;
-  // Where the large-batch kernel cannot run (row-major weights; a tensor map's 32-bit
-  // coordinates), automatic and the environment keep the small-batch one.
-  if (g.b_layout != WeightLayout::block_tiles || g.k > (int64_t{1} << 31) ||
-      g.max_tiles * kGemmTileM > (int64_t{1} << 31))
-    return false;
+  // Where the large-batch kernel cannot run, automatic and the environment keep the small-batch one.
+  if (!large_batch_schedule_fits(g)) return false;
   const GemmSchedule forced = schedule_from_environment();
   if (forced != GemmSchedule::automatic) return forced == GemmSchedule::large_batch;
   return g.max_tiles >= 2 * g.experts;

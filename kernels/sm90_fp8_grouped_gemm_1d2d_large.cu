@@ -261,12 +261,17 @@ CUtensorMap activation_map(const uint8_t* a, int64_t rows, int64_t k) {
 
 }  // namespace
 
+bool large_batch_schedule_fits(const GroupedGemmArgs& g) {
+  return g.b_layout == WeightLayout::block_tiles && g.k <= (int64_t{1} << 31) &&
+         g.max_tiles * kRows <= (int64_t{1} << 31);
+}
+
 void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t stream) {
   const char* who = "sm90_fp8_grouped_gemm_large";
-  require(g.b_layout == WeightLayout::block_tiles, who, "the large_batch schedule reads block-tile weights");
+  require(large_batch_schedule_fits(g), who,
+          "the large_batch schedule reads block-tile weights, and K and the row count must fit a tensor map's "
+          "32-bit coordinates");
   require(g.n > 0 && g.n % kCols == 0 && g.k > 0 && g.k % kBlockK == 0, who, "N and K must be multiples of 128");
-  require(g.k <= (int64_t{1} << 31) && g.max_tiles * kRows <= (int64_t{1} << 31), who,
-          "K and the row count must fit a tensor map's 32-bit coordinates");
   require_ptr(g.a, who, "A codes", 16);
   static const int sms = [] {
     int dev = 0, n = 0;
