@@ -1,5 +1,6 @@
 // Device fills for `moecheck bench` (bench_fill.cu): random FP8 weights, positive block scales,
-// normal-ish bf16 activations and float logits, all on the default stream. Plain C++ header.
+// normal-ish bf16 activations and float logits, all on the default stream; and the read that
+// refills the L2 between timed runs, on the bench's stream. Plain C++ header.
 #pragma once
 
 #include <cuda_runtime_api.h>
