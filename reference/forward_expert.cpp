@@ -1,27 +1,18 @@
 // run_expert (forward_stages.hpp): one expert's two GEMMs with the tier's roundings in between
 // (moe_forward.hpp), in named steps; with a budget model, the budget's and the noise model's
 // terms of BUDGETS.md §2-§10 beside them.
-#include <Eigen/Core>
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <fmt/format.h>
-#include <mutex>
-#include <thread>
-#include <tuple>
 
-#include "reference/errors.hpp"
+#include "reference/forward_stages.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_combine.hpp"
 #include "reference/noise_model.hpp"
-#include "reference/parallel_jobs.hpp"
 #include "reference/requant_projection.hpp"
 #include "reference/tail_bound.hpp"
 #include "reference/truncation_bound.hpp"
-#include "reference/weight_panel.hpp"
-#include "reference/forward_stages.hpp"
 
 namespace moecheck::forward {
 

@@ -4,7 +4,6 @@
 // order); the pieces it drives are in forward_stages.hpp.
 #include "reference/moe_forward.hpp"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -12,19 +11,16 @@
 #include <fmt/format.h>
 #include <mutex>
 #include <thread>
-#include <tuple>
 
 #include "reference/errors.hpp"
+#include "reference/forward_stages.hpp"
 #include "reference/fp8_formats.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/moe_combine.hpp"
-#include "reference/noise_model.hpp"
 #include "reference/parallel_jobs.hpp"
 #include "reference/requant_projection.hpp"
 #include "reference/tail_bound.hpp"
 #include "reference/truncation_bound.hpp"
-#include "reference/forward_stages.hpp"
-#include "reference/weight_panel.hpp"
 
 namespace moecheck {
 
