@@ -158,100 +158,116 @@ void check_problem(const MoeProblem& p, const EmulatedOptions& opt) {
     throw std::invalid_argument("emulated: tokens >= 0, logits, load_expert and hidden states are required");
 }
 
-}  // namespace
-
-BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
-  check_problem(p, opt);
+// The layer's sizes and quantization rule (the faults that change the rule included).
+void set_shape(Layer& L, const MoeProblem& p, const EmulatedOptions& opt) {
   const MoeConfig& c = p.config;
-  Layer L(p, opt);
   L.T = p.tokens, L.E = c.num_experts, L.k = c.top_k, L.H = c.hidden_size, L.I = c.intermediate_size;
   L.G = c.group_size, L.KBH = (L.H + L.G - 1) / L.G, L.KBI = (L.I + L.G - 1) / L.G;
-  const int64_t T = L.T, k = L.k, H = L.H, I = L.I;
   L.rule = QuantRule{c.scale_format,
                      c.act_eps,
                      opt.fault == Fault::zero_group_nan,
                      opt.fault == Fault::ue8m0_mismatch,
                      c.recipe.act_scale_floor == ActScaleFloor::none,
                      c.recipe.quant_divide == QuantDivide::reciprocal};
+}
 
+BackendOutput output_shell(const Layer& L, const EmulatedOptions& opt) {
   BackendOutput out;
-  out.tokens = T, out.hidden = H, out.top_k = k;
+  out.tokens = L.T, out.hidden = L.H, out.top_k = L.k;
   out.backend = opt.fault == Fault::none ? "emulated" : "faulty:" + std::string(to_string(opt.fault));
   if (opt.tensor_core) out.backend += "@hopper";
   out.device = "cpu (float32 emulation)";
   out.accumulator_bits = 24;
+  return out;
+}
 
-  // Routing.
-  emulated::RoutingF32 rt = emulated::route_f32(c, p.logits, p.bias, T, opt.fault);
-  out.topk_ids = rt.ids;
-  L.weights = rt.weights;
-  out.topk_weights = std::move(rt.weights);
-
-  // GEMM1 A operand: the case's FP8 hidden states, or our quantization of the hidden states.
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
+// GEMM1's A operand: the case's FP8 hidden states, or our quantization of the hidden states
+// (into codes / scales, which must outlive the layer's use of them).
+void set_activations(const MoeProblem& p, Layer& L, std::vector<uint8_t>& codes, std::vector<float>& scales) {
   if (p.hidden_fp8 && p.hidden_scale) {
     L.act_codes = p.hidden_fp8, L.act_scales = p.hidden_scale;
-  } else {
-    codes.resize(T * H), scales.resize(T * L.KBH);
-    for (int64_t t = 0; t < T; ++t)
-      quantize_row(p.hidden + t * H, H, L.G, L.rule, codes.data() + t * H, scales.data() + t * L.KBH);
-    L.act_codes = codes.data(), L.act_scales = scales.data();
+    return;
   }
+  codes.resize(L.T * L.H), scales.resize(L.T * L.KBH);
+  for (int64_t t = 0; t < L.T; ++t)
+    quantize_row(p.hidden + t * L.H, L.H, L.G, L.rule, codes.data() + t * L.H, scales.data() + t * L.KBH);
+  L.act_codes = codes.data(), L.act_scales = scales.data();
+}
 
-  // Local slots and the weights they use.
-  const int64_t off = c.local_expert_offset, nloc = c.local_experts();
+// The local slots, grouped by local expert (each expert's in slot order), the row of slot_out
+// each one fills (L.row), and the experts with slots (the tasks).
+struct LocalWork {
+  std::vector<std::vector<int64_t>> slots_of;  // by local index
+  std::vector<int64_t> tasks;                  // local indices with slots
+  int64_t rows = 0;
+};
+LocalWork assign_local_slots(const MoeProblem& p, const EmulatedOptions& opt, const std::vector<int32_t>& ids,
+                             Layer& L) {
+  const int64_t off = p.config.local_expert_offset, nloc = p.config.local_experts();
   std::vector<int64_t> stored = p.stored_experts;
   std::sort(stored.begin(), stored.end());
-  std::vector<std::vector<int64_t>> slots_of(nloc);  // by local index
-  L.row.assign(T * k, -1);
-  int64_t rows = 0;
-  for (int64_t s = 0; s < T * k; ++s) {
-    const int64_t e = out.topk_ids[s];
+  LocalWork w;
+  w.slots_of.resize(nloc);
+  L.row.assign(L.T * L.k, -1);
+  for (int64_t s = 0; s < L.T * L.k; ++s) {
+    const int64_t e = ids[s];
     // faulty ep_offset_ignored: docs/BUG-CLASSES.md #23 (local index taken as the global id)
     const int64_t li = opt.fault == Fault::ep_offset_ignored ? e : e - off;
     if (li < 0 || li >= nloc) continue;
     if (!std::binary_search(stored.begin(), stored.end(), off + li))
       throw InputError(p.source, "/weights/expert_ids",
-                       fmt::format("token {} routes to local expert {}, which the case does not store", s / k, off + li));
-    slots_of[li].push_back(s);
-    L.row[s] = rows++;
+                       fmt::format("token {} routes to local expert {}, which the case does not store", s / L.k,
+                                   off + li));
+    w.slots_of[li].push_back(s);
+    L.row[s] = w.rows++;
   }
-  L.slot_out.assign(rows * H, 0.0f);
-  std::vector<int64_t> tasks;
   for (int64_t li = 0; li < nloc; ++li)
-    if (!slots_of[li].empty()) tasks.push_back(li);
-  if (opt.fault == Fault::empty_expert_garbage && !tasks.empty()) {
-    int64_t best = tasks[0];
-    for (int64_t li : tasks)
-      if (slots_of[li].size() < slots_of[best].size()) best = li;
+    if (!w.slots_of[li].empty()) w.tasks.push_back(li);
+  L.slot_out.assign(w.rows * L.H, 0.0f);
+  return w;
+}
+
+// The expert a fault targets: empty_expert_garbage the least used local expert with slots;
+// w2_scale_doubled the busiest one whose output is not ~0 (a dead expert, block scales ~1e-26 in
+// the generator's realistic cases, would hide the fault): some w2 block scale above 2^-60.
+void choose_fault_experts(const MoeProblem& p, const EmulatedOptions& opt, const LocalWork& w, Layer& L) {
+  const int64_t off = p.config.local_expert_offset;
+  if (opt.fault == Fault::empty_expert_garbage && !w.tasks.empty()) {
+    int64_t best = w.tasks[0];
+    for (int64_t li : w.tasks)
+      if (w.slots_of[li].size() < w.slots_of[best].size()) best = li;
     L.garbage_expert = off + best;
   }
   if (opt.fault == Fault::w2_scale_doubled) {
-    // The busiest local expert whose output is not ~0 (a dead expert, block scales ~1e-26 in the
-    // generator's realistic cases, would hide the fault): some w2 block scale above 2^-60.
     int64_t best = -1;
-    for (int64_t li : tasks) {
-      if (best >= 0 && slots_of[li].size() <= slots_of[best].size()) continue;
-      const ExpertView w = p.load_expert(off + li);
-      const int64_t n = ((H + L.G - 1) / L.G) * L.KBI;
-      if (w.w2_scale && std::any_of(w.w2_scale, w.w2_scale + n, [](float s) { return std::fabs(s) > 0x1p-60f; }))
+    for (int64_t li : w.tasks) {
+      if (best >= 0 && w.slots_of[li].size() <= w.slots_of[best].size()) continue;
+      const ExpertView v = p.load_expert(off + li);
+      const int64_t n = ((L.H + L.G - 1) / L.G) * L.KBI;
+      if (v.w2_scale && std::any_of(v.w2_scale, v.w2_scale + n, [](float s) { return std::fabs(s) > 0x1p-60f; }))
         best = li;
     }
     L.doubled_expert = best >= 0 ? off + best : -1;
   }
-  if (EmulatedTrace* tr = opt.trace) {
-    tr->act_codes.assign(L.act_codes, L.act_codes + T * H);
-    tr->act_scales.assign(L.act_scales, L.act_scales + T * L.KBH);
-    tr->gemm1.assign(T * k * 2 * I, 0.0f);
-    tr->h.assign(T * k * I, 0.0f);
-    tr->h_codes.assign(T * k * I, 0);
-    tr->h_scales.assign(T * k * L.KBI, 0.0f);
-  }
+}
 
-  // Experts on threads.
-  int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::thread::hardware_concurrency());
-  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, tasks.size())));
+void size_trace(const Layer& L, EmulatedTrace* tr) {
+  if (tr == nullptr) return;
+  const int64_t T = L.T, k = L.k, H = L.H, I = L.I;
+  tr->act_codes.assign(L.act_codes, L.act_codes + T * H);
+  tr->act_scales.assign(L.act_scales, L.act_scales + T * L.KBH);
+  tr->gemm1.assign(T * k * 2 * I, 0.0f);
+  tr->h.assign(T * k * I, 0.0f);
+  tr->h_codes.assign(T * k * I, 0);
+  tr->h_scales.assign(T * k * L.KBI, 0.0f);
+}
+
+// One task per local expert with slots, threads taking tasks from a counter; the first error
+// stops the others and is rethrown here.
+void run_experts(Layer& L, const LocalWork& w, int requested_threads) {
+  const int64_t off = L.p.config.local_expert_offset;
+  int threads = requested_threads > 0 ? requested_threads : static_cast<int>(std::thread::hardware_concurrency());
+  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, w.tasks.size())));
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
@@ -259,9 +275,9 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   auto worker = [&] {
     while (!failed) {
       const size_t i = next++;
-      if (i >= tasks.size()) break;
+      if (i >= w.tasks.size()) break;
       try {
-        L.run_expert(off + tasks[i], slots_of[tasks[i]]);
+        L.run_expert(off + w.tasks[i], w.slots_of[w.tasks[i]]);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -277,13 +293,18 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
     for (auto& th : pool) th.join();
   }
   if (error) std::rethrow_exception(error);
+}
 
-  // Finalize under the combine recipe (emulated_combine.cpp).
+// The combine under the case's recipe (emulated_combine.cpp), the output-side faults, and the
+// slot outputs when asked for.
+void finalize_output(const MoeProblem& p, const EmulatedOptions& opt, const Layer& L, int64_t rows,
+                     BackendOutput& out) {
+  const int64_t T = L.T, k = L.k, H = L.H;
   out.output_bf16.assign(T * H, 0);
   const int64_t thr = opt.int32_overflow_threshold;
   // The wrap reads beyond the slot buffer only through rows whose end passes the threshold.
   const int64_t wrap = opt.fault == Fault::int32_overflow && rows * H > thr ? thr : 0;
-  emulated::finalize(c.recipe.combine, T, k, H, out.topk_ids.data(), L.weights.data(), L.row.data(),
+  emulated::finalize(p.config.recipe.combine, T, k, H, out.topk_ids.data(), L.weights.data(), L.row.data(),
                      L.slot_out.data(), wrap, out.output_bf16.data());
   // faulty output_scale_2pct: a constant 2% off, applied to the float32 output before its rounding
   // (here to the bf16 output, rounded again: the same to within one bf16 step)
@@ -296,6 +317,29 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
     for (int64_t s = 0; s < T * k; ++s)
       if (L.row[s] >= 0) std::copy_n(L.slot_out.data() + L.row[s] * H, H, out.expert_outputs.data() + s * H);
   }
+}
+
+}  // namespace
+
+BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
+  check_problem(p, opt);
+  Layer L(p, opt);
+  set_shape(L, p, opt);
+  BackendOutput out = output_shell(L, opt);
+
+  emulated::RoutingF32 rt = emulated::route_f32(p.config, p.logits, p.bias, L.T, opt.fault);
+  out.topk_ids = rt.ids;
+  L.weights = rt.weights;
+  out.topk_weights = std::move(rt.weights);
+
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  set_activations(p, L, codes, scales);
+  const LocalWork work = assign_local_slots(p, opt, out.topk_ids, L);
+  choose_fault_experts(p, opt, work, L);
+  size_trace(L, opt.trace);
+  run_experts(L, work, opt.threads);
+  finalize_output(p, opt, L, work.rows, out);
   return out;
 }
 
