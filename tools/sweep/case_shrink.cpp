@@ -210,73 +210,104 @@ std::string ShrinkResult::summary() const {
   return s;
 }
 
-ShrinkResult shrink_case(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt) {
-  ShrinkResult res;
-  const judge::CheckOptions& chk = opt.check;
-  res.initial = judge::check_case(case_path, chk);
-  if (!res.initial.failed()) return res;
-  const bool backend_mode = !chk.backend.empty();
-  CaseData cur = load(case_path, backend_mode ? "" : chk.output);
-  const bool was_judged = judged(res.initial), had_values = values_fail(res.initial);
-  // The control: the correct backend must pass on every candidate kept.
-  judge::CheckOptions control;
-  if (backend_mode && !opt.no_control) {
-    const bool faulty = chk.backend.rfind("faulty:", 0) == 0 || chk.shard.faulty();
-    control.backend = !opt.control.empty() ? opt.control : faulty ? "emulated" : "";
-    control.shard = {chk.shard.plan, ShardFault::none, -1};  // the same ranks, none at fault
-    control.int32_threshold = chk.int32_threshold;
-    control.budget_model = chk.budget_model;
-    control.allow_vacuous = chk.allow_vacuous;
-    if (!control.backend.empty() && judge::check_case(case_path, control).status != judge::CheckStatus::pass) {
-      res.control_failed_initially = true;
-      control.backend.clear();
-    }
+namespace {
+
+// One shrink: the case as it stands (`cur`), the outcome of its last check, and the passes that
+// try smaller candidates, each kept when it still fails the same way (attempt).
+class Shrinker {
+ public:
+  Shrinker(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt, ShrinkResult& res)
+      : opt_(opt), chk_(opt.check), res_(res), backend_mode_(!chk_.backend.empty()),
+        cur_(load(case_path, backend_mode_ ? "" : chk_.output)), was_judged_(judged(res.initial)),
+        had_values_(values_fail(res.initial)), last_(res.initial),
+        tmp_(scratch_path(out_path, opt)), scratch_(tmp_) {
+    set_up_control(case_path);
+    note(0);
   }
-  res.control = control.backend;
-  auto note = [&](int i, const CaseData& d) {
-    res.tokens[i] = d.T(), res.stored[i] = int64_t(d.experts.size()), res.local[i] = d.config().local_experts();
-    res.hidden[i] = d.config().hidden_size, res.inter[i] = d.config().intermediate_size;
-  };
-  note(0, cur);
 
-  namespace fs = std::filesystem;
-  const fs::path dir = opt.work_dir.empty() ? fs::absolute(out_path).parent_path() : fs::path(opt.work_dir);
-  const std::string tmp = (dir / fmt::format(".shrink-candidate.{}.h5", getpid())).string();
-  const interrupt::ScratchPath scratch(tmp);
-  judge::CheckOutcome last = res.initial;
-  // Does the candidate still fail the same way? Written, checked, kept in `cur` when it does.
-  auto attempt = [&](const CaseData& cand, const std::string& what) {
-    if (res.attempts >= opt.max_attempts) return false;
-    ++res.attempts;
-    save(cand, tmp, 0);
-    judge::CheckOutcome o = judge::check_case(tmp, chk);
-    const bool control_ok = o.failed() && judged(o) == was_judged && (!had_values || values_fail(o)) &&
-                            (control.backend.empty() || judge::check_case(tmp, control).status == judge::CheckStatus::pass);
+  // Tokens and experts; in backend mode also weight blocks, a second round, and zeroed groups.
+  void run() {
+    shrink_tokens();
+    shrink_experts();
+    if (backend_mode_) {
+      shrink_blocks();
+      shrink_tokens();
+      shrink_experts();
+      simplify_values();
+    }
+    note(1);
+    res_.final = last_;
+  }
+
+  // The minimal case: what it was shrunk from and how to replay it, and (backend mode) the
+  // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
+  void write(const std::string& case_path, const std::string& out_path);
+
+ private:
+  static std::string scratch_path(const std::string& out_path, const ShrinkOptions& opt) {
+    namespace fs = std::filesystem;
+    const fs::path dir = opt.work_dir.empty() ? fs::absolute(out_path).parent_path() : fs::path(opt.work_dir);
+    return (dir / fmt::format(".shrink-candidate.{}.h5", getpid())).string();
+  }
+
+  // The control: the correct backend must pass on every candidate kept (dropped, and said so,
+  // when it fails the original case already).
+  void set_up_control(const std::string& case_path) {
+    if (backend_mode_ && !opt_.no_control) {
+      const bool faulty = chk_.backend.rfind("faulty:", 0) == 0 || chk_.shard.faulty();
+      control_.backend = !opt_.control.empty() ? opt_.control : faulty ? "emulated" : "";
+      control_.shard = {chk_.shard.plan, ShardFault::none, -1};  // the same ranks, none at fault
+      control_.int32_threshold = chk_.int32_threshold;
+      control_.budget_model = chk_.budget_model;
+      control_.allow_vacuous = chk_.allow_vacuous;
+      if (!control_.backend.empty() && judge::check_case(case_path, control_).status != judge::CheckStatus::pass) {
+        res_.control_failed_initially = true;
+        control_.backend.clear();
+      }
+    }
+    res_.control = control_.backend;
+  }
+
+  void note(int i) {
+    res_.tokens[i] = cur_.T(), res_.stored[i] = int64_t(cur_.experts.size());
+    res_.local[i] = cur_.config().local_experts();
+    res_.hidden[i] = cur_.config().hidden_size, res_.inter[i] = cur_.config().intermediate_size;
+  }
+
+  // Does the candidate still fail the same way? Written, checked, kept in cur_ when it does.
+  bool attempt(const CaseData& cand, const std::string& what) {
+    if (res_.attempts >= opt_.max_attempts) return false;
+    ++res_.attempts;
+    save(cand, tmp_, 0);
+    judge::CheckOutcome o = judge::check_case(tmp_, chk_);
+    const bool control_ok =
+        o.failed() && judged(o) == was_judged_ && (!had_values_ || values_fail(o)) &&
+        (control_.backend.empty() || judge::check_case(tmp_, control_).status == judge::CheckStatus::pass);
     std::error_code ec;
-    fs::remove(tmp, ec);
+    std::filesystem::remove(tmp_, ec);
     if (!control_ok) return false;
-    cur = cand;
-    last = std::move(o);
-    ++res.accepted;
-    if (opt.progress) opt.progress(fmt::format("shrink: {} (attempt {}): T={} experts={} H={} I={}", what, res.attempts,
-                                               cur.T(), cur.experts.size(), cur.config().hidden_size,
-                                               cur.config().intermediate_size));
+    cur_ = cand;
+    last_ = std::move(o);
+    ++res_.accepted;
+    if (opt_.progress)
+      opt_.progress(fmt::format("shrink: {} (attempt {}): T={} experts={} H={} I={}", what, res_.attempts, cur_.T(),
+                                cur_.experts.size(), cur_.config().hidden_size, cur_.config().intermediate_size));
     return true;
-  };
+  }
 
-  auto shrink_tokens = [&] {
-    // ddmin: try each of n chunks alone, then each complement; refine n when neither fails.
-    std::vector<int64_t> all(size_t(cur.T()));
-    for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
-    std::vector<int64_t> keep = all;
-    const CaseData base = cur;
+  // ddmin: try each of n chunks alone, then each complement; refine n when neither fails.
+  void shrink_tokens() {
+    std::vector<int64_t> keep(size_t(cur_.T()));
+    for (size_t i = 0; i < keep.size(); ++i) keep[i] = int64_t(i);
+    const CaseData base = cur_;
     size_t n = 2;
-    while (keep.size() >= 2 && res.attempts < opt.max_attempts) {
+    while (keep.size() >= 2 && res_.attempts < opt_.max_attempts) {
       const size_t chunk = (keep.size() + n - 1) / n;
       bool reduced = false;
       std::vector<std::vector<int64_t>> parts;
       for (size_t i = 0; i < keep.size(); i += chunk)
-        parts.emplace_back(keep.begin() + std::ptrdiff_t(i), keep.begin() + std::ptrdiff_t(std::min(keep.size(), i + chunk)));
+        parts.emplace_back(keep.begin() + std::ptrdiff_t(i),
+                           keep.begin() + std::ptrdiff_t(std::min(keep.size(), i + chunk)));
       for (size_t i = 0; i < parts.size() && !reduced; ++i)
         if (attempt(keep_tokens(base, parts[i]), fmt::format("{} of {} tokens", parts[i].size(), keep.size()))) {
           keep = parts[i], n = 2, reduced = true;
@@ -294,44 +325,46 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
         n = std::min(keep.size(), 2 * n);
       }
     }
-  };
+  }
 
-  auto shrink_experts = [&] {
-    const MoeConfig& c = cur.config();
+  // The routed experts only; in backend mode, then the local range halved from either end.
+  void shrink_experts() {
+    const MoeConfig& c = cur_.config();
     int64_t lo = c.local_expert_offset, hi = lo + c.local_experts();
-    if (auto cand = restrict_experts(cur, lo, hi); cand && cand->experts.size() < cur.experts.size())
+    if (auto cand = restrict_experts(cur_, lo, hi); cand && cand->experts.size() < cur_.experts.size())
       attempt(*cand, "routed experts only");
-    if (!backend_mode) return;  // the recording's values depend on which experts are local
+    if (!backend_mode_) return;  // the recording's values depend on which experts are local
     for (int64_t step = (hi - lo) / 2; step >= 1; step /= 2) {
       while (hi - lo > step) {
         bool cut = false;
-        if (auto cand = restrict_experts(cur, lo, hi - step); cand && attempt(*cand, fmt::format("local experts [{}, {})", lo, hi - step)))
+        if (auto cand = restrict_experts(cur_, lo, hi - step);
+            cand && attempt(*cand, fmt::format("local experts [{}, {})", lo, hi - step)))
           hi -= step, cut = true;
-        else if (auto cand2 = restrict_experts(cur, lo + step, hi);
+        else if (auto cand2 = restrict_experts(cur_, lo + step, hi);
                  cand2 && attempt(*cand2, fmt::format("local experts [{}, {})", lo + step, hi)))
           lo += step, cut = true;
         if (!cut) break;
       }
     }
-  };
+  }
 
-  auto shrink_blocks = [&] {
-    const int64_t B = cur.config().weight_block;
-    if (cur.config().group_size != B) return;  // the slicing keeps group and block boundaries together
-    for (int64_t hb = blocks(cur.config().hidden_size, B) - 1; hb >= 0 && cur.config().hidden_size > B; --hb)
-      attempt(drop_h_block(cur, hb), fmt::format("H block {} dropped", hb));
-    if (cur.config().intermediate_size % B != 0) return;  // a ragged I mixes gate and up rows in one w13 block
-    for (int64_t ib = cur.config().intermediate_size / B - 1; ib >= 0 && cur.config().intermediate_size > B; --ib)
-      attempt(drop_i_block(cur, ib), fmt::format("I block {} dropped", ib));
-  };
+  void shrink_blocks() {
+    const int64_t B = cur_.config().weight_block;
+    if (cur_.config().group_size != B) return;  // the slicing keeps group and block boundaries together
+    for (int64_t hb = blocks(cur_.config().hidden_size, B) - 1; hb >= 0 && cur_.config().hidden_size > B; --hb)
+      attempt(drop_h_block(cur_, hb), fmt::format("H block {} dropped", hb));
+    if (cur_.config().intermediate_size % B != 0) return;  // a ragged I mixes gate and up rows in one w13 block
+    for (int64_t ib = cur_.config().intermediate_size / B - 1; ib >= 0 && cur_.config().intermediate_size > B; --ib)
+      attempt(drop_i_block(cur_, ib), fmt::format("I block {} dropped", ib));
+  }
 
-  auto simplify_values = [&] {
-    const MoeConfig& c = cur.config();
-    if (cur.header.hidden_fp8) return;  // the engine's own activations: not ours to rewrite
+  void simplify_values() {
+    const MoeConfig& c = cur_.config();
+    if (cur_.header.hidden_fp8) return;  // the engine's own activations: not ours to rewrite
     const int64_t H = c.hidden_size, G = c.group_size;
-    for (int64_t t = 0; t < cur.T(); ++t)
+    for (int64_t t = 0; t < cur_.T(); ++t)
       for (int64_t g = 0; g * G < H; ++g) {
-        CaseData cand = cur;
+        CaseData cand = cur_;
         bool nonzero = false, rest_nonzero = false;
         for (int64_t h = 0; h < H; ++h) {
           float& x = cand.hidden[size_t(t * H + h)];
@@ -344,49 +377,63 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
         }
         // A token left all zero has output 0, where no relative check (ours or the familiar
         // ones) says anything: keep one nonzero group per token.
-        if (nonzero && rest_nonzero && attempt(cand, fmt::format("token {} group {} zeroed", t, g))) ++res.zeroed_groups;
+        if (nonzero && rest_nonzero && attempt(cand, fmt::format("token {} group {} zeroed", t, g)))
+          ++res_.zeroed_groups;
       }
-  };
-
-  shrink_tokens();
-  shrink_experts();
-  if (backend_mode) {
-    shrink_blocks();
-    shrink_tokens();
-    shrink_experts();
-    simplify_values();
   }
-  note(1, cur);
-  res.final = last;
 
-  // The minimal case: what it was shrunk from and how to replay it, and (backend mode) the
-  // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
-  const std::string from = opt.origin.empty() ? case_path : opt.origin;
-  const std::string model_opt = chk.budget_model.empty() ? "" : " --budget-model " + chk.budget_model;
-  res.replay = backend_mode ? judge::replay_command(out_path, chk.backend, chk.int32_threshold, chk.budget_model, chk.shard)
-                            : fmt::format("moecheck compare {} --output {}{}", out_path, chk.output, model_opt);
-  CaseData out = cur;
+  const ShrinkOptions& opt_;
+  const judge::CheckOptions& chk_;
+  ShrinkResult& res_;
+  const bool backend_mode_;
+  CaseData cur_;
+  const bool was_judged_, had_values_;
+  judge::CheckOutcome last_;
+  judge::CheckOptions control_;
+  const std::string tmp_;
+  const interrupt::ScratchPath scratch_;
+};
+
+void Shrinker::write(const std::string& case_path, const std::string& out_path) {
+  const std::string from = opt_.origin.empty() ? case_path : opt_.origin;
+  const std::string model_opt = chk_.budget_model.empty() ? "" : " --budget-model " + chk_.budget_model;
+  res_.replay = backend_mode_
+                    ? judge::replay_command(out_path, chk_.backend, chk_.int32_threshold, chk_.budget_model, chk_.shard)
+                    : fmt::format("moecheck compare {} --output {}{}", out_path, chk_.output, model_opt);
+  CaseData out = cur_;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
       "moecheck shrink {} {}{}{} -o {}", case_path,
-      backend_mode ? "--backend " + judge::shell_quote(chk.backend) +
-                         judge::shard_arguments(chk.shard, judge::parse_backend_name(chk.backend).faulty())
-                   : "--output " + chk.output,
-      chk.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk.int32_threshold) : "", model_opt, out_path);
-  out.header.source = cur.header.source.empty() ? shrink_cmd : cur.header.source + " && " + shrink_cmd;
+      backend_mode_ ? "--backend " + judge::shell_quote(chk_.backend) +
+                          judge::shard_arguments(chk_.shard, judge::parse_backend_name(chk_.backend).faulty())
+                    : "--output " + chk_.output,
+      chk_.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk_.int32_threshold) : "", model_opt, out_path);
+  out.header.source = cur_.header.source.empty() ? shrink_cmd : cur_.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
       "minimal failing case, shrunk by moecheck {} from {} ({}); fails with {}: {}{}; replay: {}. Original: {}",
-      MOECHECK_VERSION, from, res.summary(), backend_mode ? chk.backend : "/outputs/" + chk.output, last.reason,
-      res.control.empty() ? "" : fmt::format("; {} passes on it", res.control), res.replay, cur.header.description);
-  if (backend_mode && opt.record && last.run) {
-    OutputData rec = judge::to_output_data(*last.run);
-    rec.attributes["replay"] = res.replay;
-    if (chk.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk.int32_threshold);
-    if (!chk.budget_model.empty()) rec.attributes["budget_model"] = chk.budget_model;
-    save(out, out_path, 6, judge::sharded_output_name(chk.backend, chk.shard), &rec);
+      MOECHECK_VERSION, from, res_.summary(), backend_mode_ ? chk_.backend : "/outputs/" + chk_.output, last_.reason,
+      res_.control.empty() ? "" : fmt::format("; {} passes on it", res_.control), res_.replay,
+      cur_.header.description);
+  if (backend_mode_ && opt_.record && last_.run) {
+    OutputData rec = judge::to_output_data(*last_.run);
+    rec.attributes["replay"] = res_.replay;
+    if (chk_.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk_.int32_threshold);
+    if (!chk_.budget_model.empty()) rec.attributes["budget_model"] = chk_.budget_model;
+    save(out, out_path, 6, judge::sharded_output_name(chk_.backend, chk_.shard), &rec);
   } else {
     save(out, out_path, 6);
   }
+}
+
+}  // namespace
+
+ShrinkResult shrink_case(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt) {
+  ShrinkResult res;
+  res.initial = judge::check_case(case_path, opt.check);
+  if (!res.initial.failed()) return res;
+  Shrinker shrinker(case_path, out_path, opt, res);
+  shrinker.run();
+  shrinker.write(case_path, out_path);
   return res;
 }
 
