@@ -158,77 +158,110 @@ std::string expert_bars_svg(const CompareResult& r) {
 }
 
 // ---- error vs magnitude ----------------------------------------------------------------------------
-std::string scatter_svg(const CompareResult& r, const OutputData* data, size_t index) {
-  constexpr int W = 580, H = 440, L = 64, R = 16, T = 26, B = 46;
-  const size_t n = size_t(r.tokens * r.hidden);
-  const bool have_ratio = r.ratio.size() == n, have_ref = r.reference_output.size() == n;
-  const bool have_obs = data != nullptr && data->observed.size() == n && have_ref;
-  std::string s = svg_open("scatter", W, H, "error against magnitude, output " + r.name);
-  if (!have_ref || (!have_obs && !have_ratio))
-    return s + "<text x='20' y='40'>not available: needs the observed output or the kept ratios</text></svg>";
-  // y value of element i: |observed - reference| (or the ratio); < 0 = not drawable.
-  auto yval = [&](size_t i) -> double {
+namespace {
+
+// The scatter's view of one output: element i's y value, whether it is over budget, and its
+// budget, from the observed output (|observed - reference|) or else the kept ratios.
+struct ScatterData {
+  const CompareResult& r;
+  const OutputData* data;
+  size_t n;
+  bool have_ratio, have_ref, have_obs;
+  ScatterData(const CompareResult& res, const OutputData* d)
+      : r(res), data(d), n(size_t(res.tokens * res.hidden)), have_ratio(res.ratio.size() == n),
+        have_ref(res.reference_output.size() == n),
+        have_obs(d != nullptr && d->observed.size() == n && have_ref) {}
+  // |observed - reference| (or the ratio); < 0 = not drawable.
+  double y(size_t i) const {
     if (std::fabs(r.reference_output[i]) <= 0) return -1;
     if (have_obs) {
       const double o = data->observed[i];
       return std::isfinite(o) ? std::fabs(o - r.reference_output[i]) : -1;
     }
     return std::isfinite(r.ratio[i]) ? r.ratio[i] : -1;
-  };
-  auto over = [&](size_t i) { return have_ratio && !(r.ratio[i] <= 1.0f); };
-  // Deterministic subsample: the worst over-budget elements first, then a regular stride.
+  }
+  double x(size_t i) const { return std::fabs(r.reference_output[i]); }
+  bool over(size_t i) const { return have_ratio && !(r.ratio[i] <= 1.0f); }
+  // Budget of a drawn element, recovered exactly from its ratio: |d| / ratio.
+  double budget(size_t i) const {
+    const double q = have_ratio ? r.ratio[i] : 0;
+    return have_obs && q > 0 && std::isfinite(q) ? y(i) / q : -1.0;
+  }
+};
+
+// The elements drawn: the worst over-budget ones first, then a regular stride of the rest
+// (deterministic), with the counts the caption reports.
+struct ScatterSample {
+  std::vector<size_t> drawn;
+  size_t n_worst = 0, stride = 1, equal = 0, hidden = 0;
+};
+ScatterSample scatter_sample(const ScatterData& d) {
+  ScatterSample out;
   std::vector<std::pair<float, size_t>> worst;
-  size_t drawable = 0, equal = 0, hidden = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double y = yval(i);
+  size_t drawable = 0;
+  for (size_t i = 0; i < d.n; ++i) {
+    const double y = d.y(i);
     if (y > 0) {
       ++drawable;
-      if (over(i)) worst.push_back({r.ratio[i], i});
-    } else if (y == 0) ++equal;
-    else ++hidden;
+      if (d.over(i)) worst.push_back({d.r.ratio[i], i});
+    } else if (y == 0) ++out.equal;
+    else ++out.hidden;
   }
-  const size_t n_worst = std::min(worst.size(), kMaxScatterOver);
-  std::partial_sort(worst.begin(), worst.begin() + n_worst, worst.end(),
+  out.n_worst = std::min(worst.size(), kMaxScatterOver);
+  std::partial_sort(worst.begin(), worst.begin() + out.n_worst, worst.end(),
                     [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-  worst.resize(n_worst);
+  worst.resize(out.n_worst);
   std::vector<size_t> pick;
   for (auto& w : worst) pick.push_back(w.second);
   std::sort(pick.begin(), pick.end());
-  const size_t rest = drawable - n_worst, room = kMaxScatterPoints - n_worst;
-  const size_t stride = rest > room ? (rest + room - 1) / room : 1;
+  const size_t rest = drawable - out.n_worst, room = kMaxScatterPoints - out.n_worst;
+  out.stride = rest > room ? (rest + room - 1) / room : 1;
   size_t seen = 0;
-  std::vector<size_t> sample;
-  for (size_t i = 0; i < n; ++i) {
-    if (!(yval(i) > 0) || std::binary_search(pick.begin(), pick.end(), i)) continue;
-    if (seen++ % stride == 0) sample.push_back(i);
+  for (size_t i = 0; i < d.n; ++i) {
+    if (!(d.y(i) > 0) || std::binary_search(pick.begin(), pick.end(), i)) continue;
+    if (seen++ % out.stride == 0) out.drawn.push_back(i);
   }
-  sample.insert(sample.end(), pick.begin(), pick.end());
-  // Budget of a drawn element, recovered exactly from its ratio: |d| / ratio.
-  auto budget = [&](size_t i) {
-    const double q = have_ratio ? r.ratio[i] : 0;
-    return have_obs && q > 0 && std::isfinite(q) ? yval(i) / q : -1.0;
-  };
+  out.drawn.insert(out.drawn.end(), pick.begin(), pick.end());
+  return out;
+}
+
+// Log axes covering the drawn points and their budgets (a default box when none are drawn; the
+// ratio view always shows 0.1 to 10).
+std::pair<LogAxis, LogAxis> scatter_axes(const ScatterData& d, const std::vector<size_t>& drawn, int W, int H, int L,
+                                         int R, int T, int B) {
   double xmin = kInf, xmax = 0, ymin = kInf, ymax = 0;
-  for (size_t i : sample) {
-    const double x = std::fabs(r.reference_output[i]), y = yval(i), b = budget(i);
+  for (size_t i : drawn) {
+    const double x = d.x(i), y = d.y(i), b = d.budget(i);
     xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
     if (b > 0) ymin = std::min(ymin, b), ymax = std::max(ymax, b);
   }
-  if (sample.empty()) xmin = 1e-3, xmax = 1, ymin = 1e-3, ymax = 1;
-  if (!have_obs) ymin = std::min(ymin, 0.1), ymax = std::max(ymax, 10.0);
-  const LogAxis xa = make_axis(xmin, xmax, L, W - R, 2, 12), ya = make_axis(ymin, ymax, H - B, T, 2, 14);
+  if (drawn.empty()) xmin = 1e-3, xmax = 1, ymin = 1e-3, ymax = 1;
+  if (!d.have_obs) ymin = std::min(ymin, 0.1), ymax = std::max(ymax, 10.0);
+  return {make_axis(xmin, xmax, L, W - R, 2, 12), make_axis(ymin, ymax, H - B, T, 2, 14)};
+}
+
+}  // namespace
+
+std::string scatter_svg(const CompareResult& r, const OutputData* data, size_t index) {
+  constexpr int W = 580, H = 440, L = 64, R = 16, T = 26, B = 46;
+  const ScatterData d(r, data);
+  std::string s = svg_open("scatter", W, H, "error against magnitude, output " + r.name);
+  if (!d.have_ref || (!d.have_obs && !d.have_ratio))
+    return s + "<text x='20' y='40'>not available: needs the observed output or the kept ratios</text></svg>";
+  const ScatterSample sm = scatter_sample(d);
+  const auto [xa, ya] = scatter_axes(d, sm.drawn, W, H, L, R, T, B);
   s += y_grid(ya, L, W - R) + x_grid(xa, H - B, T);
   s += fmt::format("<defs><clipPath id='clip-{0}'><rect x='{1}' y='{2}' width='{3}' height='{4}'/></clipPath></defs>",
                    index, L, T, W - L - R, H - B - T);
   std::string d_ok, d_over, d_budget;
-  for (size_t i : sample) {
-    const std::string p = fmt::format("M{:.0f} {:.0f}h0", xa.pos(std::fabs(r.reference_output[i])), ya.pos(yval(i)));
-    (over(i) ? d_over : d_ok) += p;
-    const double b = budget(i);
-    if (b > 0) d_budget += fmt::format("M{:.0f} {:.0f}h0", xa.pos(std::fabs(r.reference_output[i])), ya.pos(b));
+  for (size_t i : sm.drawn) {
+    const std::string p = fmt::format("M{:.0f} {:.0f}h0", xa.pos(d.x(i)), ya.pos(d.y(i)));
+    (d.over(i) ? d_over : d_ok) += p;
+    const double b = d.budget(i);
+    if (b > 0) d_budget += fmt::format("M{:.0f} {:.0f}h0", xa.pos(d.x(i)), ya.pos(b));
   }
   s += fmt::format("<g clip-path='url(#clip-{})' stroke-linecap='round' fill='none'>", index);
-  if (have_obs) {
+  if (d.have_obs) {
     // Orientation: one bf16 half-ulp at the lowest relative resolution, |d| = 2^-9 |ref|.
     const double x0 = std::pow(10.0, xa.lo), x1 = std::pow(10.0, xa.hi);
     s += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' class='guide'/>", f1(xa.pos(x0)), f1(ya.pos(x0 * 0x1p-9)),
@@ -246,19 +279,20 @@ std::string scatter_svg(const CompareResult& r, const OutputData* data, size_t i
   s += fmt::format("<text x='{}' y='{}' class='label' text-anchor='middle'>|reference| (log)</text>", L + (W - L - R) / 2,
                    H - 8);
   s += fmt::format("<text transform='translate(14 {}) rotate(-90)' class='label' text-anchor='middle'>{}</text>",
-                   (T + H - B) / 2, have_obs ? "|observed - reference| (log)" : "ratio (log)");
+                   (T + H - B) / 2, d.have_obs ? "|observed - reference| (log)" : "ratio (log)");
   s += fmt::format("<g class='legend'><circle cx='{}' cy='12' r='3' fill='{}'/><text x='{}' y='16'>within budget</text>"
                    "<circle cx='{}' cy='12' r='3' fill='{}'/><text x='{}' y='16'>over budget</text>",
                    L + 4, kOkColor, L + 11, L + 110, kOverColor, L + 117);
-  if (have_obs)
+  if (d.have_obs)
     s += fmt::format("<circle cx='{}' cy='12' r='3' fill='{}'/><text x='{}' y='16'>the element's budget</text>"
                      "<line x1='{}' y1='12' x2='{}' y2='12' class='guide'/><text x='{}' y='16'>2^-9 |ref|</text>",
                      L + 206, kBudgetColor, L + 213, L + 350, L + 370, L + 374);
   s += "</g></svg>";
-  s += fmt::format("<p class='caption'>{} of {} elements drawn ({} over budget, the worst first; {})", sample.size(), n,
-                   n_worst, stride > 1 ? fmt::format("of the rest every {}th", stride) : std::string("all the rest"));
-  if (equal) s += fmt::format("; {} equal to the reference not drawn", equal);
-  if (hidden) s += fmt::format("; {} with a zero reference or a non-finite value not drawn", hidden);
+  s += fmt::format("<p class='caption'>{} of {} elements drawn ({} over budget, the worst first; {})", sm.drawn.size(),
+                   d.n, sm.n_worst,
+                   sm.stride > 1 ? fmt::format("of the rest every {}th", sm.stride) : std::string("all the rest"));
+  if (sm.equal) s += fmt::format("; {} equal to the reference not drawn", sm.equal);
+  if (sm.hidden) s += fmt::format("; {} with a zero reference or a non-finite value not drawn", sm.hidden);
   return s + ".</p>";
 }
 
