@@ -42,13 +42,25 @@ std::vector<float> weight_scales(const float* s, int64_t R, int64_t C, Fault fau
 }
 
 struct Layer {
-  Layer(const MoeProblem& prob, const EmulatedOptions& o) : p(prob), opt(o) {}
+  // The layer's sizes and quantization rule (the faults that change the rule included).
+  Layer(const MoeProblem& prob, const EmulatedOptions& o)
+      : p(prob), opt(o), T(prob.tokens), E(prob.config.num_experts), k(prob.config.top_k),
+        H(prob.config.hidden_size), I(prob.config.intermediate_size), G(prob.config.group_size),
+        KBH((H + G - 1) / G), KBI((I + G - 1) / G),
+        rule{prob.config.scale_format,
+             prob.config.act_eps,
+             o.fault == Fault::zero_group_nan,
+             o.fault == Fault::ue8m0_mismatch,
+             prob.config.recipe.act_scale_floor == ActScaleFloor::none,
+             prob.config.recipe.quant_divide == QuantDivide::reciprocal} {}
   const MoeProblem& p;
   const EmulatedOptions& opt;
-  int64_t T = 0, E = 0, k = 0, H = 0, I = 0, G = 0, KBH = 0, KBI = 0;
-  QuantRule rule;
-  const uint8_t* act_codes = nullptr;  // [T, H]
-  const float* act_scales = nullptr;   // [T, KBH]
+  const int64_t T, E, k, H, I, G, KBH, KBI;
+  const QuantRule rule;
+  const uint8_t* act_codes = nullptr;  // [T, H]: the case's, or own_codes
+  const float* act_scales = nullptr;   // [T, KBH]: the case's, or own_scales
+  std::vector<uint8_t> own_codes;      // our quantization of the hidden states, when the case has none
+  std::vector<float> own_scales;
   std::vector<float> weights; // [T, k] routing weights
   std::vector<int64_t> row;   // [T, k] row of slot_out, -1 when the slot is not local
   std::vector<float> slot_out;  // [local slots, H] GEMM2 outputs
@@ -158,19 +170,6 @@ void check_problem(const MoeProblem& p, const EmulatedOptions& opt) {
     throw std::invalid_argument("emulated: tokens >= 0, logits, load_expert and hidden states are required");
 }
 
-// The layer's sizes and quantization rule (the faults that change the rule included).
-void set_shape(Layer& L, const MoeProblem& p, const EmulatedOptions& opt) {
-  const MoeConfig& c = p.config;
-  L.T = p.tokens, L.E = c.num_experts, L.k = c.top_k, L.H = c.hidden_size, L.I = c.intermediate_size;
-  L.G = c.group_size, L.KBH = (L.H + L.G - 1) / L.G, L.KBI = (L.I + L.G - 1) / L.G;
-  L.rule = QuantRule{c.scale_format,
-                     c.act_eps,
-                     opt.fault == Fault::zero_group_nan,
-                     opt.fault == Fault::ue8m0_mismatch,
-                     c.recipe.act_scale_floor == ActScaleFloor::none,
-                     c.recipe.quant_divide == QuantDivide::reciprocal};
-}
-
 BackendOutput output_shell(const Layer& L, const EmulatedOptions& opt) {
   BackendOutput out;
   out.tokens = L.T, out.hidden = L.H, out.top_k = L.k;
@@ -181,17 +180,17 @@ BackendOutput output_shell(const Layer& L, const EmulatedOptions& opt) {
   return out;
 }
 
-// GEMM1's A operand: the case's FP8 hidden states, or our quantization of the hidden states
-// (into codes / scales, which must outlive the layer's use of them).
-void set_activations(const MoeProblem& p, Layer& L, std::vector<uint8_t>& codes, std::vector<float>& scales) {
+// GEMM1's A operand: the case's FP8 hidden states, or our quantization of the hidden states.
+void set_activations(Layer& L) {
+  const MoeProblem& p = L.p;
   if (p.hidden_fp8 && p.hidden_scale) {
     L.act_codes = p.hidden_fp8, L.act_scales = p.hidden_scale;
     return;
   }
-  codes.resize(L.T * L.H), scales.resize(L.T * L.KBH);
+  L.own_codes.resize(L.T * L.H), L.own_scales.resize(L.T * L.KBH);
   for (int64_t t = 0; t < L.T; ++t)
-    quantize_row(p.hidden + t * L.H, L.H, L.G, L.rule, codes.data() + t * L.H, scales.data() + t * L.KBH);
-  L.act_codes = codes.data(), L.act_scales = scales.data();
+    quantize_row(p.hidden + t * L.H, L.H, L.G, L.rule, L.own_codes.data() + t * L.H, L.own_scales.data() + t * L.KBH);
+  L.act_codes = L.own_codes.data(), L.act_scales = L.own_scales.data();
 }
 
 // The local slots, grouped by local expert (each expert's in slot order), the row of slot_out
@@ -243,7 +242,7 @@ void choose_fault_experts(const MoeProblem& p, const EmulatedOptions& opt, const
     for (int64_t li : w.tasks) {
       if (best >= 0 && w.slots_of[li].size() <= w.slots_of[best].size()) continue;
       const ExpertView v = p.load_expert(off + li);
-      const int64_t n = ((L.H + L.G - 1) / L.G) * L.KBI;
+      const int64_t n = L.KBH * L.KBI;  // w2's scales: ceil(H/G) x ceil(I/G) blocks
       if (v.w2_scale && std::any_of(v.w2_scale, v.w2_scale + n, [](float s) { return std::fabs(s) > 0x1p-60f; }))
         best = li;
     }
@@ -324,7 +323,6 @@ void finalize_output(const MoeProblem& p, const EmulatedOptions& opt, const Laye
 BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   check_problem(p, opt);
   Layer L(p, opt);
-  set_shape(L, p, opt);
   BackendOutput out = output_shell(L, opt);
 
   emulated::RoutingF32 rt = emulated::route_f32(p.config, p.logits, p.bias, L.T, opt.fault);
@@ -332,9 +330,7 @@ BackendOutput run_emulated(const MoeProblem& p, const EmulatedOptions& opt) {
   L.weights = rt.weights;
   out.topk_weights = std::move(rt.weights);
 
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  set_activations(p, L, codes, scales);
+  set_activations(L);
   const LocalWork work = assign_local_slots(p, opt, out.topk_ids, L);
   choose_fault_experts(p, opt, work, L);
   size_trace(L, opt.trace);
