@@ -217,11 +217,12 @@ namespace {
 class Shrinker {
  public:
   Shrinker(const std::string& case_path, const std::string& out_path, const ShrinkOptions& opt, ShrinkResult& res)
-      : opt_(opt), chk_(opt.check), res_(res), backend_mode_(!chk_.backend.empty()),
+      : case_path_(case_path), out_path_(out_path), opt_(opt), chk_(opt.check), res_(res),
+        backend_mode_(!chk_.backend.empty()),
         cur_(load(case_path, backend_mode_ ? "" : chk_.output)), was_judged_(judged(res.initial)),
         had_values_(values_fail(res.initial)), last_(res.initial),
         tmp_(scratch_path(out_path, opt)), scratch_(tmp_) {
-    set_up_control(case_path);
+    set_up_control();
     note(0);
   }
 
@@ -241,7 +242,7 @@ class Shrinker {
 
   // The minimal case: what it was shrunk from and how to replay it, and (backend mode) the
   // failing output recorded so `moecheck compare MIN` shows the failure without a backend.
-  void write(const std::string& case_path, const std::string& out_path);
+  void write();
 
  private:
   static std::string scratch_path(const std::string& out_path, const ShrinkOptions& opt) {
@@ -252,7 +253,7 @@ class Shrinker {
 
   // The control: the correct backend must pass on every candidate kept (dropped, and said so,
   // when it fails the original case already).
-  void set_up_control(const std::string& case_path) {
+  void set_up_control() {
     if (backend_mode_ && !opt_.no_control) {
       const bool faulty = chk_.backend.rfind("faulty:", 0) == 0 || chk_.shard.faulty();
       control_.backend = !opt_.control.empty() ? opt_.control : faulty ? "emulated" : "";
@@ -260,7 +261,7 @@ class Shrinker {
       control_.int32_threshold = chk_.int32_threshold;
       control_.budget_model = chk_.budget_model;
       control_.allow_vacuous = chk_.allow_vacuous;
-      if (!control_.backend.empty() && judge::check_case(case_path, control_).status != judge::CheckStatus::pass) {
+      if (!control_.backend.empty() && judge::check_case(case_path_, control_).status != judge::CheckStatus::pass) {
         res_.control_failed_initially = true;
         control_.backend.clear();
       }
@@ -382,6 +383,7 @@ class Shrinker {
       }
   }
 
+  const std::string case_path_, out_path_;
   const ShrinkOptions& opt_;
   const judge::CheckOptions& chk_;
   ShrinkResult& res_;
@@ -394,20 +396,20 @@ class Shrinker {
   const interrupt::ScratchPath scratch_;
 };
 
-void Shrinker::write(const std::string& case_path, const std::string& out_path) {
-  const std::string from = opt_.origin.empty() ? case_path : opt_.origin;
+void Shrinker::write() {
+  const std::string from = opt_.origin.empty() ? case_path_ : opt_.origin;
   const std::string model_opt = chk_.budget_model.empty() ? "" : " --budget-model " + chk_.budget_model;
   res_.replay = backend_mode_
-                    ? judge::replay_command(out_path, chk_.backend, chk_.int32_threshold, chk_.budget_model, chk_.shard)
-                    : fmt::format("moecheck compare {} --output {}{}", out_path, chk_.output, model_opt);
+                    ? judge::replay_command(out_path_, chk_.backend, chk_.int32_threshold, chk_.budget_model, chk_.shard)
+                    : fmt::format("moecheck compare {} --output {}{}", out_path_, chk_.output, model_opt);
   CaseData out = cur_;
   // source: the commands that regenerate the case (the input's own source, then this shrink).
   const std::string shrink_cmd = fmt::format(
-      "moecheck shrink {} {}{}{} -o {}", case_path,
+      "moecheck shrink {} {}{}{} -o {}", case_path_,
       backend_mode_ ? "--backend " + judge::shell_quote(chk_.backend) +
                           judge::shard_arguments(chk_.shard, judge::parse_backend_name(chk_.backend).faulty())
                     : "--output " + chk_.output,
-      chk_.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk_.int32_threshold) : "", model_opt, out_path);
+      chk_.int32_threshold > 0 ? fmt::format(" --int32-threshold {}", chk_.int32_threshold) : "", model_opt, out_path_);
   out.header.source = cur_.header.source.empty() ? shrink_cmd : cur_.header.source + " && " + shrink_cmd;
   out.header.description = fmt::format(
       "minimal failing case, shrunk by moecheck {} from {} ({}); fails with {}: {}{}; replay: {}. Original: {}",
@@ -419,9 +421,9 @@ void Shrinker::write(const std::string& case_path, const std::string& out_path) 
     rec.attributes["replay"] = res_.replay;
     if (chk_.int32_threshold > 0) rec.attributes["int32_threshold"] = std::to_string(chk_.int32_threshold);
     if (!chk_.budget_model.empty()) rec.attributes["budget_model"] = chk_.budget_model;
-    save(out, out_path, 6, judge::sharded_output_name(chk_.backend, chk_.shard), &rec);
+    save(out, out_path_, 6, judge::sharded_output_name(chk_.backend, chk_.shard), &rec);
   } else {
-    save(out, out_path, 6);
+    save(out, out_path_, 6);
   }
 }
 
@@ -433,7 +435,7 @@ ShrinkResult shrink_case(const std::string& case_path, const std::string& out_pa
   if (!res.initial.failed()) return res;
   Shrinker shrinker(case_path, out_path, opt, res);
   shrinker.run();
-  shrinker.write(case_path, out_path);
+  shrinker.write();
   return res;
 }
 
