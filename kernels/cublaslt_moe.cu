@@ -334,7 +334,7 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
   const PermuteCapacity cap = permute_capacity(T, k, E);
   launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E, cap, b.plan, stream);
   ms.mark("permute", stream);
-  launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, cap, b.plan, b.a1_codes, b.a1_scales, stream);
+  launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, b.plan, b.a1_codes, b.a1_scales, stream);
   ms.mark("gather", stream);
 
   // Weight scales into BLK128x128's K-major layout with the column stride padded to 4
@@ -369,8 +369,8 @@ void run_cublaslt_layer(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, co
   }
   ms.mark("gemm1", stream);
 
-  // SiLU * up, re-quantized per 128 along I (reads the row total on the device)
-  launch_silu_mul_quant(b.gemm1_out, cap.max_rows, b.plan.totals, I, c.gate_up_layout, c.intermediate_dtype,
+  // SiLU * up, re-quantized per 128 along I (the routed rows only)
+  launch_silu_mul_quant(b.gemm1_out, b.plan.slot_to_row, T * k, I, c.gate_up_layout, c.intermediate_dtype,
                         c.scale_format, c.act_eps, b.a2_codes, b.a2_scales, stream);
   ms.mark("silu_quant", stream);
 

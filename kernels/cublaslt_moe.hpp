@@ -8,7 +8,8 @@
 // One cublasLtMatmul per local expert that has tokens, for GEMM1 and for GEMM2:
 //   D_e [M_e x N] = A_e [M_e x K] * W_e [N x K]^T,  M_e = the expert's padded row block
 // (a multiple of kGemmTileM = 64, so cuBLASLt's "M and N multiples of 4" holds; the padding
-// rows carry zero codes and scale 1 and compute exact zeros). In cuBLASLt's column-major
+// rows hold whatever the workspace held, moe_stages.hpp, and cuBLASLt computes their D rows
+// from it, which no later stage reads: rows never mix). In cuBLASLt's column-major
 // terms (cuBLAS docs §3.1.4.5; NVIDIA/CUDALibrarySamples cuBLASLt/LtBlk128x128Fp8Matmul), with
 // the default operand order weights_as_a:
 //   A = W_e  e4m3, K x N, lda K, op T, scales BLK128x128_32F: K-major [N/128][L4], L4 = L

@@ -111,7 +111,7 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   const PermuteCapacity cap = permute_capacity(T, k, E_local);  // <= b.cap: grids sized for this T
   launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E_local, cap, b.plan, stream);
   ws.mark("permute", stream);
-  launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, cap, b.plan, b.a1_codes, b.a1_scales, stream);
+  launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, b.plan, b.a1_codes, b.a1_scales, stream);
   ws.mark("gather", stream);
 
   // GEMM1: [rows, H] x [2I, H]^T -> [rows, 2I], rounded to intermediate_dtype
@@ -134,7 +134,7 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   ws.mark("gemm1", stream);
 
   // SiLU * up, re-quantized per 128 along I
-  launch_silu_mul_quant(b.gemm1_out, cap.max_rows, b.plan.totals, I, c.gate_up_layout, c.intermediate_dtype,
+  launch_silu_mul_quant(b.gemm1_out, b.plan.slot_to_row, T * k, I, c.gate_up_layout, c.intermediate_dtype,
                         c.scale_format, c.act_eps, b.a2_codes, b.a2_scales, stream);
   ws.mark("silu_quant", stream);
 

@@ -10,8 +10,8 @@
 //                       totals, row_to_slot = -1 for the unused rows past the last tile
 //   scatter_slots       one block per local expert: stable compaction of its slots in
 //                       ascending (t, j) order by warp ballots, padding rows -> -1
-//   gather_rows         one block per row: codes + scales of the row's token (zeros / 1 for
-//                       padding rows, so the GEMM computes exact zeros there)
+//   gather_rows         one block per slot: codes + scales of the slot's token into its row
+//                       (slots of non-local experts and padding rows: nothing written)
 // Host-sync free: the kernels size their work from device-side totals, the grids from the
 // capacity bound (permute_capacity), so the whole MoE can be captured in a CUDA graph.
 #include <cuda_runtime.h>
@@ -196,24 +196,18 @@ __global__ void __launch_bounds__(kFusedThreads)
 
 __global__ void gather_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales,
                                    bool transposed, int64_t tokens, int64_t hidden, int64_t top_k,
-                                   const int32_t* __restrict__ row_to_slot, const int32_t* __restrict__ totals,
-                                   uint8_t* __restrict__ a_codes, float* __restrict__ a_scales) {
-  const int64_t r = blockIdx.x;
-  if (r >= totals[0]) return;
-  const int32_t slot = row_to_slot[r];
-  const int64_t groups = hidden / kScaleBlock;
+                                   const int32_t* __restrict__ slot_to_row, uint8_t* __restrict__ a_codes,
+                                   float* __restrict__ a_scales) {
+  const int64_t slot = blockIdx.x;
+  const int32_t r = slot_to_row[slot];
+  if (r < 0) return;  // a non-local expert's slot
+  const int64_t t = slot / top_k, groups = hidden / kScaleBlock;
+  const uint4* src = reinterpret_cast<const uint4*>(codes + t * hidden);
   uint4* dst = reinterpret_cast<uint4*>(a_codes + r * hidden);
+  for (int64_t i = threadIdx.x; i < hidden / 16; i += blockDim.x) dst[i] = src[i];
   float* dst_scale = a_scales + r * groups;
-  if (slot >= 0) {
-    const int64_t t = slot / top_k;
-    const uint4* src = reinterpret_cast<const uint4*>(codes + t * hidden);
-    for (int64_t i = threadIdx.x; i < hidden / 16; i += blockDim.x) dst[i] = src[i];
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x)
-      dst_scale[g] = transposed ? scales[g * tokens + t] : scales[t * groups + g];
-  } else {
-    for (int64_t i = threadIdx.x; i < hidden / 16; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) dst_scale[g] = 1.0f;
-  }
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x)
+    dst_scale[g] = transposed ? scales[g * tokens + t] : scales[t * groups + g];
 }
 
 }  // namespace
@@ -279,22 +273,20 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
 }
 
 void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout scale_layout, int64_t tokens,
-                        int64_t hidden, int64_t top_k, const PermuteCapacity& cap, const PermutePlan& plan,
-                        uint8_t* a_codes, float* a_scales, cudaStream_t stream) {
+                        int64_t hidden, int64_t top_k, const PermutePlan& plan, uint8_t* a_codes,
+                        float* a_scales, cudaStream_t stream) {
   const char* who = "gather_rows";
   require(hidden > 0 && hidden % kScaleBlock == 0, who, "hidden size must be a positive multiple of 128");
   require(tokens >= 0 && top_k >= 1, who, "need tokens >= 0 and top_k >= 1");
   require_ptr(a_codes, who, "a_codes", 16);
   require_ptr(a_scales, who, "a_scales", 4);
-  require_ptr(plan.row_to_slot, who, "row_to_slot", 4);
-  require_ptr(plan.totals, who, "totals", 4);
-  if (tokens > 0) {
-    require_ptr(codes, who, "hidden codes", 16);
-    require_ptr(scales, who, "hidden scales", 4);
-  }
-  gather_rows_kernel<<<grid_x(cap.max_rows, who), 128, 0, stream>>>(
-      codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k, plan.row_to_slot, plan.totals,
-      a_codes, a_scales);
+  if (tokens == 0) return;
+  require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
+  require_ptr(codes, who, "hidden codes", 16);
+  require_ptr(scales, who, "hidden scales", 4);
+  gather_rows_kernel<<<grid_x(tokens * top_k, who), 128, 0, stream>>>(
+      codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k, plan.slot_to_row, a_codes,
+      a_scales);
   MOECHECK_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 

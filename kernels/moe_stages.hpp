@@ -18,8 +18,11 @@
 // The permuted layout ("rows"): the local slots (token t, slot j) with a local expert are
 // grouped by local expert, in ascending (t, j) order inside an expert; expert e's rows start at
 // row_offset[e], a multiple of kGemmTileM, and its block is padded up to a multiple of
-// kGemmTileM with padding rows (row_to_slot = -1; zero codes, scale 1, so they compute exact
-// zeros and never touch another row). M tile i of the grouped GEMM belongs to tile_expert[i].
+// kGemmTileM with padding rows (row_to_slot = -1). No stage writes a padding row: the gather
+// and the SiLU re-quantization visit the routed slots only, and the grouped GEMM stores a tile's
+// routed rows only. Padding rows hold whatever the workspace held (NaN included); the GEMM may
+// compute on them, but each output element reads one activation row, so nothing leaks into a
+// routed row. M tile i of the grouped GEMM belongs to tile_expert[i].
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -75,10 +78,11 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
 
 // Gathers token rows into the permuted A operand: a_codes [max_rows, H], a_scales row-major
 // [max_rows, H/128] from codes [T, H] and scales (layout as given: [T, H/128] or [H/128, T]).
-// Rows >= totals[0] are left untouched; padding rows get zero codes and scale 1.
+// One block per slot (T k, not the capacity's rows): only the routed rows slot_to_row names
+// are written; padding rows and rows past the plan are left untouched.
 void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout scale_layout, int64_t tokens,
-                        int64_t hidden, int64_t top_k, const PermuteCapacity& cap, const PermutePlan& plan,
-                        uint8_t* a_codes, float* a_scales, cudaStream_t stream);
+                        int64_t hidden, int64_t top_k, const PermutePlan& plan, uint8_t* a_codes,
+                        float* a_scales, cudaStream_t stream);
 
 // ---- Weight layout of the grouped GEMM (pack_weight_tiles.cu) ------------------------------
 // How the B operand's (the weights') codes lie in memory.
@@ -103,16 +107,17 @@ void launch_pack_layer_weight_tiles(const MoeConfig& c, const uint8_t* w13, cons
 // D[r, n] = sum over K blocks b (ascending) of fl32(sa[r, b] * sb[e, n/128, b]) * p_b, with p_b
 // the tensor-core sum of the 128 code products of block b (restarted from zero every block) and
 // e = tile_expert[r / kGemmTileM]; then rounded to out_precision. Tiles with tile_expert < 0 are
-// skipped (their D rows are not written). Padding rows (the permutation plan's rows past an
-// expert's routed count) must hold zero codes and a finite scale, as the gather and the SiLU
-// re-quantization leave them: they are +0 in D.
+// skipped (their D rows are not written). With row_offset and expert_count, only the routed rows
+// of a tile (below its expert's count) are written; padding rows may hold any codes and scales,
+// NaN included, and their D rows are left untouched. Without them, every row of a tile is
+// computed and written.
 //
 // Two schedules compute the same bits (the tensor-core sum is the same instruction's, only the
 // operands' roles differ; measured equal on the GpuGemm tests' data):
 //   small_batch  the weights as wgmma's A (64 columns per warpgroup), 8-64 rows as its N: bound
 //                by reading the weights, the decode case (sm90_fp8_grouped_gemm_1d2d.cu). With
 //                row_offset and expert_count it computes a tile's rows only up to its expert's
-//                last routed row (rounded up to 8, 16, 32 or 64) and writes zeros to the rest;
+//                last routed row (rounded up to 8, 16, 32 or 64);
 //   large_batch  the activations as A (64 rows per CTA, all computed), 2 x 128 weight columns
 //                as N, TMA and bulk copies on mbarriers issued by one thread, one persistent CTA
 //                per SM; needs block_tiles weights (sm90_fp8_grouped_gemm_1d2d_large.cu).
@@ -143,10 +148,11 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
 bool large_batch_schedule_fits(const GroupedGemmArgs& g);
 
 // ---- SiLU * up and re-quantization (silu_mul_quant.cu) -------------------------------------
-// gemm1_out [max_rows, 2I] float (already rounded to intermediate); rows < totals[0] become
-// codes [max_rows, I] + row-major scales [max_rows, I/128]: h = fl32(silu(gate) * up) rounded
-// to `intermediate`, quantized per 128 along I.
-void launch_silu_mul_quant(const float* gemm1_out, int64_t max_rows, const int32_t* totals, int64_t inter,
+// gemm1_out [max_rows, 2I] float (already rounded to intermediate); the routed rows (those
+// slot_to_row [slots] names; -1 entries are skipped) become codes [max_rows, I] + row-major
+// scales [max_rows, I/128]: h = fl32(silu(gate) * up) rounded to `intermediate`, quantized per
+// 128 along I. Padding rows are neither read nor written.
+void launch_silu_mul_quant(const float* gemm1_out, const int32_t* slot_to_row, int64_t slots, int64_t inter,
                            GateUpLayout layout, Precision intermediate, ScaleFormat fmt, double eps,
                            uint8_t* codes, float* scales, cudaStream_t stream);
 

@@ -9,8 +9,8 @@
 //   h = fl32(silu * up), then RNE to bf16 when intermediate_dtype is bf16
 // then the group quantization of §2 (same eps and scale format as the activations): one warp per
 // (row, 128-column group), codes [rows, I] and row-major scales [rows, I/128] for GEMM2.
-// Only rows < totals[0] (the padded rows of this routing) are computed; padding rows carry
-// GEMM1 zeros and come out as zero codes with the eps scale.
+// One warp per (slot, 128-column group): only the rows of routed slots (slot_to_row >= 0) are
+// read and written, so neither padding rows nor the capacity's unused rows cost memory traffic.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -41,12 +41,14 @@ __device__ __forceinline__ float silu_mul(float gate, float up, bool bf16_h) {
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    silu_mul_quant_kernel(const float* __restrict__ x, const int32_t* __restrict__ totals, SiluParams p,
-                          uint8_t* __restrict__ codes, float* __restrict__ scales) {
+    silu_mul_quant_kernel(const float* __restrict__ x, const int32_t* __restrict__ slot_to_row, int64_t slots,
+                          SiluParams p, uint8_t* __restrict__ codes, float* __restrict__ scales) {
   const int64_t groups = p.inter / device::kGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int64_t r = item / groups, g = item % groups;
-  if (r >= totals[0]) return;  // whole warps leave together
+  const int64_t slot = item / groups, g = item % groups;
+  if (slot >= slots) return;  // whole warps leave together
+  const int64_t r = slot_to_row[slot];
+  if (r < 0) return;  // a non-local expert's slot
   const int lane = threadIdx.x & 31;
   const int64_t col = g * device::kGroup + lane * 4;
   const float* row = x + r * 2 * p.inter;
@@ -64,13 +66,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 }  // namespace
 
-void launch_silu_mul_quant(const float* gemm1_out, int64_t max_rows, const int32_t* totals, int64_t inter,
+void launch_silu_mul_quant(const float* gemm1_out, const int32_t* slot_to_row, int64_t slots, int64_t inter,
                            GateUpLayout layout, Precision intermediate, ScaleFormat fmt, double eps,
                            uint8_t* codes, float* scales, cudaStream_t stream) {
   const char* who = "silu_mul_quant";
   require(inter > 0 && inter % kScaleBlock == 0, who,
           "intermediate_size must be a positive multiple of 128, got " + std::to_string(inter));
-  require(max_rows >= 0, who, "max_rows must be >= 0");
+  require(slots >= 0, who, "slots must be >= 0");
   SiluParams p{};
   p.inter = inter;
   p.gate_col = layout == GateUpLayout::gate_up ? 0 : inter;
@@ -79,14 +81,14 @@ void launch_silu_mul_quant(const float* gemm1_out, int64_t max_rows, const int32
   p.eps_scale = eps_scale_or_throw(eps, who);
   p.ue8m0 = fmt == ScaleFormat::ue8m0;
   p.bf16_h = intermediate == Precision::bf16;
-  if (max_rows == 0) return;
+  if (slots == 0) return;
   require_ptr(gemm1_out, who, "gemm1_out", 16);
-  require_ptr(totals, who, "totals", 4);
+  require_ptr(slot_to_row, who, "slot_to_row", 4);
   require_ptr(codes, who, "codes", 4);
   require_ptr(scales, who, "scales", 4);
-  const int64_t items = max_rows * (inter / kScaleBlock);
+  const int64_t items = slots * (inter / kScaleBlock);
   silu_mul_quant_kernel<<<grid_x((items + kWarpsPerBlock - 1) / kWarpsPerBlock, who), kWarpsPerBlock * 32, 0,
-                          stream>>>(gemm1_out, totals, p, codes, scales);
+                          stream>>>(gemm1_out, slot_to_row, slots, p, codes, scales);
   MOECHECK_CUDA_CHECK_LAUNCH("silu_mul_quant_kernel");
 }
 

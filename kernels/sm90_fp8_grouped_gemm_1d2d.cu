@@ -15,8 +15,8 @@
 // computes the 128 output columns n of one weight-scale block (64 per warpgroup: wgmma's M) for
 // the rows of one M tile of kGemmTileM = 64 permuted rows (wgmma's N). A tile whose expert has
 // fewer rows there runs the instruction with N = 8, 16 or 32 (the smallest that covers them) and
-// writes zeros to the rows it skipped; so a decode step with one token per expert does 1/8 of the
-// tensor work of a full tile, and the weights, read once, set the time.
+// stores its routed rows only; so a decode step with one token per expert does 1/8 of the tensor
+// work of a full tile and writes one row, and the weights, read once, set the time.
 //
 // Pipeline: kStages shared-memory stages filled by cp.async (16-byte copies, whole 128-byte rows
 // per 8 threads; a block-tile weight panel, WeightLayout::block_tiles, is one contiguous 16 KiB
@@ -28,8 +28,9 @@
 //  - Grid: one CTA per (M tile, N tile), in the order of grouped_gemm_order.cuh.
 //  - This is the small_batch schedule (moe_stages.hpp, GemmSchedule); launch_sm90_fp8_grouped_gemm
 //    hands large batches to sm90_fp8_grouped_gemm_1d2d_large.cu.
-//  - Padding rows (zero codes, scale 1) compute exact zeros; rows never mix (each output element
-//    reads one activation row), so nothing can leak between rows or experts.
+//  - Padding rows among the computed ones may hold anything, NaN included: rows never mix (each
+//    output element reads one activation row), so nothing leaks between rows or experts, and
+//    their results are not stored.
 //  - Shared-memory layout and fragments: sm90_wgmma.cuh.
 #include <cuda_runtime.h>
 
@@ -127,8 +128,10 @@ __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, co
   if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
 }
 
+// Computes the tile's first kRows rows (kRows >= stored) and stores its first `stored`.
 template <int kRows>
-__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert) {
+__device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert,
+                          int stored) {
   constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
   const int64_t k_blocks = p.k / kBlockK;
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
@@ -193,11 +196,10 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
     }
   __syncthreads();
   float* g_d = p.d + row0 * p.n + n_tile * kTileCols;
-  for (int i = tid; i < kTileRows * (kTileCols / 4); i += kThreads) {
+  for (int i = tid; i < stored * (kTileCols / 4); i += kThreads) {
     const int row = i / (kTileCols / 4), c4 = i % (kTileCols / 4);
-    const float4 v = row < kRows ? *reinterpret_cast<const float4*>(tile + row * kEpiStride + 4 * c4)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows this width skipped: padding
-    *reinterpret_cast<float4*>(g_d + row * p.n + 4 * c4) = v;
+    *reinterpret_cast<float4*>(g_d + row * p.n + 4 * c4) =
+        *reinterpret_cast<const float4*>(tile + row * kEpiStride + 4 * c4);
   }
 }
 
@@ -210,10 +212,10 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
   const int rows = tile_rows(p, c.tile, expert);
-  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert);
-  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert);
-  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert);
-  else gemm_tile<64>(p, smem, row0, n_tile, expert);
+  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert, rows);
+  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert, rows);
+  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert, rows);
+  else gemm_tile<64>(p, smem, row0, n_tile, expert, rows);
 #else
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only

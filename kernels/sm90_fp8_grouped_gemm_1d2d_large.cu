@@ -31,9 +31,9 @@
 //  - An item whose second N tile is past N (N/128 odd): one weight tile is copied, and the second
 //    warpgroup keeps the barrier protocol (waits on full, arrives on empty) without computing or
 //    storing, so the barriers' counts never depend on the item.
-//  - All 64 rows of a tile are computed: padding rows hold zero codes (and a finite scale: 1 in
-//    GEMM1, the eps scale in GEMM2), so they compute exact +0, the value the small_batch
-//    schedule writes for them.
+//  - All 64 rows of a tile are computed, padding rows too (any codes and scales, NaN included:
+//    rows never mix); with the plan's row_offset and expert_count, only the routed rows (below
+//    the expert's count) are stored, as in the small_batch schedule.
 #include <cuda.h>  // CUtensorMap and its enums only; the encoder comes through the runtime
 #include <cuda_runtime.h>
 
@@ -71,7 +71,8 @@ struct LargeParams {
   const uint8_t* b;  // block tiles
   const float* b_scale;
   const int32_t* tile_expert;
-  const int32_t* row_offset;  // optional
+  const int32_t* row_offset;  // optional, with expert_count: rows stored per tile
+  const int32_t* expert_count;
   int64_t max_tiles, n, k, experts;
   float* d;
   bool bf16_out;
@@ -147,15 +148,25 @@ __device__ __forceinline__ void promote(float (&acc)[kCols / 2], const float (&p
   }
 }
 
-// Rows r0 and r0 + 8 of the fragment, rounded to the output precision, to D (8-byte stores).
-__device__ __forceinline__ void store_rows(const LargeParams& p, const float (&acc)[kCols / 2], float* g_d) {
+// Routed rows of M tile `tile` of expert e (all 64 without the plan's counts).
+__device__ __forceinline__ int stored_rows(const LargeParams& p, int64_t tile, int32_t e) {
+  if (p.row_offset == nullptr) return kRows;
+  const int64_t rows = static_cast<int64_t>(p.expert_count[e]) - (tile * kRows - p.row_offset[e]);
+  return rows <= 0 ? 0 : (rows >= kRows ? kRows : static_cast<int>(rows));
+}
+
+// Rows r0 and r0 + 8 of the fragment, rounded to the output precision, to D (8-byte stores),
+// each only if routed (r < stored).
+__device__ __forceinline__ void store_rows(const LargeParams& p, const float (&acc)[kCols / 2], float* g_d, int r0,
+                                           int stored) {
+  const bool first = r0 < stored, second = r0 + 8 < stored;
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
     float v[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) v[q] = p.bf16_out ? __bfloat162float(__float2bfloat16_rn(acc[4 * j + q])) : acc[4 * j + q];
-    *reinterpret_cast<float2*>(g_d + 8 * j) = make_float2(v[0], v[1]);
-    *reinterpret_cast<float2*>(g_d + 8 * p.n + 8 * j) = make_float2(v[2], v[3]);
+    if (first) *reinterpret_cast<float2*>(g_d + 8 * j) = make_float2(v[0], v[1]);
+    if (second) *reinterpret_cast<float2*>(g_d + 8 * p.n + 8 * j) = make_float2(v[2], v[3]);
   }
 }
 
@@ -201,7 +212,7 @@ __device__ void consume(const LargeParams& p, const CUtensorMap* act_map, uint8_
       __syncwarp();
     }
     if (!active) continue;
-    store_rows(p, acc, p.d + (row0 + r0) * p.n + n_tile * kCols + c0);
+    store_rows(p, acc, p.d + (row0 + r0) * p.n + n_tile * kCols + c0, r0, stored_rows(p, w.tile, w.expert));
   }
 }
 
@@ -282,8 +293,8 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
     return n;
   }();
   const CUtensorMap act_map = activation_map(g.a, g.max_tiles * kRows, g.k);
-  const LargeParams p{g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.max_tiles, g.n, g.k, g.experts,
-                      g.d, g.out_precision == Precision::bf16};
+  const LargeParams p{g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count, g.max_tiles, g.n, g.k,
+                      g.experts, g.d, g.out_precision == Precision::bf16};
   const int64_t items = g.max_tiles * ((g.n / kCols + 1) / 2);
   const int64_t grid = items < sms ? items : sms;
   sm90_fp8_grouped_gemm_1d2d_large_kernel<<<grid_x(grid, who), kThreads, kSmemBytes, stream>>>(act_map, p);

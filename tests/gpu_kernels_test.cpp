@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -309,17 +310,35 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out,
   return d.download();
 }
 
-// Rows of skipped tiles must keep their poison; the others must match the model.
+// Whether `row` is a padding row of the problem's plan (none without one).
+bool padding_row(const GemmProblem& p, int64_t row) {
+  const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
+  return e >= 0 && !p.row_offset.empty() && row - p.row_offset[e] >= p.expert_count[e];
+}
+
+// Padding rows get NaN codes (0x7F) and NaN scales, as an untouched workspace may hold: the GEMM
+// must neither store them nor let them reach a routed row.
+void poison_padding_rows(GemmProblem& p) {
+  const int64_t kb = p.k / 128;
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    if (!padding_row(p, row)) continue;
+    std::fill_n(p.a.begin() + row * p.k, p.k, uint8_t{0x7F});
+    std::fill_n(p.sa.begin() + row * kb, kb, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+// Rows of skipped tiles and padding rows must keep their poison; the others must match the model.
 void check_gemm(const GemmProblem& p, const std::vector<float>& d, Precision out, bool exact, CheckReport& r) {
   const int64_t kb = p.k / 128;
   for (int64_t row = 0; row < p.rows(); ++row) {
     const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
     const float* got = d.data() + row * p.n;
-    if (e < 0) {
+    if (e < 0 || padding_row(p, row)) {
       for (int64_t col = 0; col < p.n; ++col, ++r.checked) {
         uint32_t bits;
         std::memcpy(&bits, got + col, 4);
-        if (bits != 0xFFFFFFFFu) r.fail("row " + std::to_string(row) + " of a skipped tile was written");
+        if (bits != 0xFFFFFFFFu)
+          r.fail("row " + std::to_string(row) + (e < 0 ? " of a skipped tile" : " (padding)") + " was written");
       }
       continue;
     }
@@ -399,9 +418,9 @@ TEST(GpuGemm, RealisticWithinDerivedBound) {
 }
 
 // Experts with 1, 9, 17 and 97 rows: the tiles run the tensor cores on 8, 16, 32 and 64 rows (the
-// last tile of the 97 on 64: 33 rows) and must write exact zeros to the padding rows they skip
-// (zero codes, as the permutation's gather leaves them), exact values to the others.
-TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
+// last tile of the 97 on 64: 33 rows), padding rows among them holding NaN codes and scales, and
+// must store exact values to the routed rows and nothing to the padding rows.
+TEST(GpuGemm, TilesStoreTheirExpertsRowsOnly) {
   MOECHECK_REQUIRE_GPU();
   GemmProblem p;
   p.experts = 4;
@@ -412,16 +431,13 @@ TEST(GpuGemm, TilesComputeTheirExpertsRowsAndZeroTheRest) {
   p.expert_count = {1, 9, 17, 97};
   const auto ai = uniform_floats(23, 1, static_cast<size_t>(p.rows() * p.k), -4, 5);
   const auto bi = uniform_floats(23, 2, static_cast<size_t>(p.experts * p.n * p.k), -4, 5);
-  p.a.assign(ai.size(), 0);
+  p.a.resize(ai.size());
   p.b.resize(bi.size());
-  for (int64_t row = 0; row < p.rows(); ++row) {
-    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
-    if (e < 0 || row - p.row_offset[e] >= p.expert_count[e]) continue;  // padding: zero codes
-    for (int64_t c = 0; c < p.k; ++c) p.a[row * p.k + c] = e4m3_encode_satfinite(std::floor(ai[row * p.k + c]));
-  }
+  for (size_t i = 0; i < ai.size(); ++i) p.a[i] = e4m3_encode_satfinite(std::floor(ai[i]));
   for (size_t i = 0; i < bi.size(); ++i) p.b[i] = e4m3_encode_satfinite(std::floor(bi[i]));
   p.sa.assign(static_cast<size_t>(p.rows() * (p.k / 128)), 0.5f);
   p.sb.assign(static_cast<size_t>(p.experts * (p.n / 128) * (p.k / 128)), 2.0f);
+  poison_padding_rows(p);
   CheckReport r;
   r.what = "exact GEMM with per-expert row counts";
   check_gemm(p, run_gemm(p, Precision::f32), Precision::f32, true, r);
@@ -478,11 +494,7 @@ TEST(GpuGemm, BlockTileWeightsGiveTheRowMajorBits) {
   GemmProblem p = realistic_problem(41, 4, 384, 640, {0, 1, 1, 2, 2, 2, 3, -1});
   p.row_offset = {0, 64, 192, 384, 448};
   p.expert_count = {9, 65, 150, 64};
-  for (int64_t row = 0; row < p.rows(); ++row) {  // padding rows hold zero codes, as the gather leaves them
-    const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
-    if (e < 0 || row - p.row_offset[e] >= p.expert_count[e])
-      std::fill_n(p.a.begin() + row * p.k, p.k, uint8_t{0});
-  }
+  poison_padding_rows(p);
 
   DeviceBuffer<uint8_t> b(p.b), tiles(p.b.size());
   kernels::launch_pack_weight_tiles(b.get(), p.experts, p.n, p.k, tiles.get(), nullptr);
@@ -512,7 +524,8 @@ TEST(GpuGemm, BlockTileWeightsGiveTheRowMajorBits) {
       for (size_t i = 0; i < d.size(); ++i) differ += std::memcmp(&d[i], &base[i], 4) != 0;
       EXPECT_EQ(differ, 0) << "outputs (" << to_string(out) << ") of block-tile weights, "
                            << (schedule == kernels::GemmSchedule::small_batch ? "small" : "large")
-                           << "_batch schedule, differing from row-major's (skipped tiles keep their poison)";
+                           << "_batch schedule, differing from row-major's (skipped tiles and padding rows keep "
+                              "their poison)";
     }
   }
 }
@@ -521,8 +534,8 @@ TEST(GpuGemm, BlockTileWeightsGiveTheRowMajorBits) {
 // exercised: more work items than SMs (each persistent CTA walks several, so the producer runs
 // ahead into the next item), more K blocks than pipeline stages (the mbarrier phases wrap), an
 // odd N tile count (the second warpgroup idles on the last pair), experts of 1 to 5 tiles with
-// partly filled last tiles, and both output precisions. Unused tiles past the plan keep their
-// poison in both.
+// partly filled last tiles, and both output precisions. Unused tiles past the plan and padding
+// rows (NaN inputs) keep their poison in both.
 TEST(GpuGemm, LargeBatchScheduleGivesTheSmallBatchBits) {
   MOECHECK_REQUIRE_GPU();
   const std::vector<int32_t> counts = {64, 1, 300, 0, 129, 77, 256, 190, 5, 233, 64, 70,
@@ -541,12 +554,7 @@ TEST(GpuGemm, LargeBatchScheduleGivesTheSmallBatchBits) {
     GemmProblem p = realistic_problem(43 + n, shape.experts, n, k, shape.tile_expert);
     p.row_offset = shape.row_offset;
     p.expert_count = shape.expert_count;
-    for (int64_t row = 0; row < p.rows(); ++row) {  // padding rows: zero codes, scale 1
-      const int32_t e = p.tile_expert[row / kernels::kGemmTileM];
-      if (e >= 0 && row - p.row_offset[e] < p.expert_count[e]) continue;
-      std::fill_n(p.a.begin() + row * p.k, p.k, uint8_t{0});
-      std::fill_n(p.sa.begin() + row * (p.k / 128), p.k / 128, 1.0f);
-    }
+    poison_padding_rows(p);
     const int64_t items = (p.row_offset.back() / 64) * ((n / 128 + 1) / 2);
     for (auto out : {Precision::f32, Precision::bf16}) {
       SCOPED_TRACE("N " + std::to_string(n) + ", K " + std::to_string(k) + ", " + std::to_string(items) +

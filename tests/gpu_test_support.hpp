@@ -203,8 +203,12 @@ MoeGpuRun download_run(const MoeCase& m, const kernels::MoeBuffers& b, const Dev
 MoeGpuRun run_moe_on_gpu(const MoeCase& m, const MoeHostData& d, bool via_graph = false);
 
 // All stage checks of a run (routing, permutation, GEMM1, SiLU re-quantization, GEMM2, finalize,
-// end to end), merged.
-CheckReport check_moe(const MoeCase& m, const MoeHostData& d, const MoeGpuRun& g);
+// end to end), merged. Rows of no slot must keep the workspace's poison in every buffer
+// (GemmPadding::untouched, the cuda backend) or in the SiLU stage's only (computed: cuBLASLt's
+// GEMMs write whole row blocks).
+enum class GemmPadding { untouched, computed };
+CheckReport check_moe(const MoeCase& m, const MoeHostData& d, const MoeGpuRun& g,
+                      GemmPadding gemm_padding = GemmPadding::untouched);
 
 // Individual stage checks (also used by the stage tests).
 CheckReport check_routing(const MoeConfig& c, const float* logits, const float* bias, int64_t tokens,
