@@ -214,6 +214,11 @@ TEST(GpuRouting, EveryMethodMatchesReferenceWithinFloat32Ties) {
       {"sigmoid_renormalize", RoutingMethod::sigmoid_renormalize, 64, 4, 1, 1, 1.0, true, Precision::f32},
       {"sigmoid_renormalize_nobias", RoutingMethod::sigmoid_renormalize, 60, 5, 1, 1, 1.5, false, Precision::f32},
       {"llama4", RoutingMethod::llama4, 16, 1, 1, 1, 1.0, false, Precision::f32},
+      // One warp per token: 128 experts per lane, k = 32 picks (every lane keeps one), and 4096
+      // one-expert groups (128 group bits per lane, the most shared memory a warp takes).
+      {"wide_grouped", RoutingMethod::deepseek_v3, 4096, 32, 64, 8, 1.0, true, Precision::f32},
+      {"wide_one_expert_groups", RoutingMethod::deepseek_v3, 4096, 8, 4096, 40, 1.0, true, Precision::f32},
+      {"wide_renormalize", RoutingMethod::renormalize, 2048, 32, 1, 1, 1.0, false, Precision::bf16},
   };
   const int64_t T = 300;
   uint64_t seed = 100;
