@@ -3,6 +3,7 @@
 //
 //   routing -> [bf16 entry: quantize hidden states] -> permute -> gather -> GEMM1
 //   -> SiLU*up + re-quantize -> GEMM2 -> finalize
+// (the first three in one launch for small batches: launch_moe_prologue)
 #include "kernels/fp8_block_scale_moe.hpp"
 
 #include <cuda_runtime_api.h>
@@ -92,25 +93,28 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   const MoeBuffers& b = ws.buffers();
   const int64_t H = c.hidden_size, I = c.intermediate_size, k = c.top_k, E_local = c.local_experts();
 
-  // Routing
-  launch_moe_routing(c, in.routing_logits, in.routing_bias, T, b.topk_ids, b.topk_weights, stream);
-  ws.mark("routing", stream);
-
-  // Activation quantization (bf16 entry), into FlashInfer's layout [H/128, T]
-  const uint8_t* codes = in.hidden_states;
-  const float* scales = in.hidden_states_scale;
-  if (bf16_entry) {
-    launch_fp8_group_quant(in.hidden_states_bf16, ActivationDtype::bf16, T, H, c.scale_format, c.act_eps,
-                           ScaleLayout::transposed, b.hidden_codes, b.hidden_scales, stream);
-    codes = b.hidden_codes;
-    scales = b.hidden_scales;
-    ws.mark("act_quant", stream);
+  // Routing, activation quantization (bf16 entry, into FlashInfer's layout [H/128, T]) and
+  // permutation: one launch for small batches, three otherwise.
+  const uint8_t* codes = bf16_entry ? b.hidden_codes : in.hidden_states;
+  const float* scales = bf16_entry ? b.hidden_scales : in.hidden_states_scale;
+  const PermuteCapacity cap = permute_capacity(T, k, E_local);  // <= b.cap: grids sized for this T
+  if (moe_prologue_fits(c, T)) {
+    launch_moe_prologue(c, in.routing_logits, in.routing_bias, bf16_entry ? in.hidden_states_bf16 : nullptr, T,
+                        b.topk_ids, b.topk_weights, b.hidden_codes, b.hidden_scales, cap, b.plan, stream);
+    ws.mark("prologue", stream);
+  } else {
+    launch_moe_routing(c, in.routing_logits, in.routing_bias, T, b.topk_ids, b.topk_weights, stream);
+    ws.mark("routing", stream);
+    if (bf16_entry) {
+      launch_fp8_group_quant(in.hidden_states_bf16, ActivationDtype::bf16, T, H, c.scale_format, c.act_eps,
+                             ScaleLayout::transposed, b.hidden_codes, b.hidden_scales, stream);
+      ws.mark("act_quant", stream);
+    }
+    launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E_local, cap, b.plan, stream);
+    ws.mark("permute", stream);
   }
 
-  // Permutation and gather
-  const PermuteCapacity cap = permute_capacity(T, k, E_local);  // <= b.cap: grids sized for this T
-  launch_moe_permute(b.topk_ids, T, k, c.local_expert_offset, E_local, cap, b.plan, stream);
-  ws.mark("permute", stream);
+  // Gather
   launch_gather_rows(codes, scales, ScaleLayout::transposed, T, H, k, b.plan, b.a1_codes, b.a1_scales, stream);
   ws.mark("gather", stream);
 

@@ -79,9 +79,9 @@ struct MoeBuffers {
 };
 
 // Called by a run after it has enqueued each stage on the stream, with the stage's name
-// ("routing", "act_quant", "permute", "gather", "gemm1", "silu_quant", "gemm2", "finalize"; the
-// cublaslt backend adds "scale_repack" before GEMM1, whose mark comes after its one host
-// synchronisation). `moecheck bench` records a CUDA event there to time each stage; a hook must
+// ("routing", "act_quant", "permute", or "prologue" in their place for small batches, then
+// "gather", "gemm1", "silu_quant", "gemm2", "finalize"; the cublaslt backend adds "scale_repack"
+// before GEMM1, whose mark comes after its one host synchronisation). `moecheck bench` records a CUDA event there to time each stage; a hook must
 // only enqueue work on `stream` (or nothing), never synchronise it.
 using StageHook = std::function<void(const char* stage, cudaStream_t stream)>;
 

@@ -30,18 +30,6 @@ struct QuantParams {
   bool ue8m0, transposed;
 };
 
-__device__ __forceinline__ void load4(const float* x, float v[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(x);
-  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-}
-__device__ __forceinline__ void load4(const __nv_bfloat16* x, float v[4]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(x);
-  v[0] = __uint_as_float(q.x << 16);  // bf16 -> float is exact: the bits move up
-  v[1] = __uint_as_float(q.x & 0xFFFF0000u);
-  v[2] = __uint_as_float(q.y << 16);
-  v[3] = __uint_as_float(q.y & 0xFFFF0000u);
-}
-
 template <class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     fp8_group_quant_kernel(const T* __restrict__ x, QuantParams p, uint8_t* __restrict__ codes,
@@ -49,17 +37,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t groups = p.cols / device::kGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (item >= p.rows * groups) return;  // whole warps leave together
-  const int lane = threadIdx.x & 31;
   const int64_t r = item / groups, g = item % groups;
-  const int64_t off = r * p.cols + g * device::kGroup + lane * 4;
-
-  float v[4];
-  load4(x + off, v);
-  float amax = device::nan_max(device::nan_max(fabsf(v[0]), fabsf(v[1])), device::nan_max(fabsf(v[2]), fabsf(v[3])));
-  amax = device::warp_amax(amax);
-  const float s = device::group_scale(amax, p.eps, p.eps_scale, p.ue8m0);
-  *reinterpret_cast<uint32_t*>(codes + off) = device::quantize4(v[0], v[1], v[2], v[3], s);
-  if (lane == 0) scales[p.transposed ? g * p.rows + r : r * groups + g] = s;
+  const int64_t off = r * p.cols + g * device::kGroup;
+  const float s = device::quantize_group(x + off, p.eps, p.eps_scale, p.ue8m0, codes + off);
+  if ((threadIdx.x & 31) == 0) scales[p.transposed ? g * p.rows + r : r * groups + g] = s;
 }
 
 }  // namespace

@@ -65,6 +65,32 @@ __device__ __forceinline__ uint32_t quantize4(float x0, float x1, float x2, floa
          (static_cast<uint32_t>(e4m3_satfinite(__fdiv_rn(x3, s))) << 24);
 }
 
+__device__ __forceinline__ void load4(const float* x, float v[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(x);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const __nv_bfloat16* x, float v[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(x);
+  v[0] = __uint_as_float(q.x << 16);  // bf16 -> float is exact: the bits move up
+  v[1] = __uint_as_float(q.x & 0xFFFF0000u);
+  v[2] = __uint_as_float(q.y << 16);
+  v[3] = __uint_as_float(q.y & 0xFFFF0000u);
+}
+
+// One group of 128 values by one warp: x [128] (16-byte aligned for float, 8 for bf16) -> codes
+// q [128] (one 32-bit store per lane); returns the group's scale to every lane.
+template <class T>
+__device__ __forceinline__ float quantize_group(const T* x, double eps, float eps_scale, bool ue8m0, uint8_t* q) {
+  const int lane = threadIdx.x & 31;
+  float v[4];
+  load4(x + 4 * lane, v);
+  float amax = nan_max(nan_max(fabsf(v[0]), fabsf(v[1])), nan_max(fabsf(v[2]), fabsf(v[3])));
+  amax = warp_amax(amax);
+  const float s = group_scale(amax, eps, eps_scale, ue8m0);
+  *reinterpret_cast<uint32_t*>(q + 4 * lane) = quantize4(v[0], v[1], v[2], v[3], s);
+  return s;
+}
+
 // Rounding of an intermediate to its dtype (Precision::bf16: RNE; f32: none).
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 

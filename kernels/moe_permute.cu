@@ -1,11 +1,11 @@
 // Permutation of the MoE slots into the grouped GEMM's row layout (moe_stages.hpp, "The
 // permuted layout"), and the gather of token rows into the permuted A operand.
 //
-// Small batches (T k <= kFusedMaxSlots) take one launch, permute_fused below; larger ones four,
-// with the same results. Deterministic either way (no result depends on thread scheduling):
+// Small batches (T k <= kFusedMaxSlots) take one launch, one block running permute_block
+// (moe_permute.cuh); larger ones four, with the same results. Deterministic either way (no result depends on thread scheduling):
 //   count_local_slots   slots of each local expert (atomic counts: order-free integers);
 //                       slots of non-local experts get slot_to_row = -1 (EP skip)
-//   build_row_offsets   one block: padded offsets (the block-wide exclusive scan permute_fused
+//   build_row_offsets   one block: padded offsets (the block-wide exclusive scan permute_block
 //                       uses too), tile -> expert map,
 //                       totals, row_to_slot = -1 for the unused rows past the last tile
 //   scatter_slots       one block per local expert: stable compaction of its slots in
@@ -21,17 +21,16 @@
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/launch_checks.hpp"
+#include "kernels/moe_permute.cuh"
 #include "kernels/moe_stages.hpp"
 
 namespace moecheck::kernels {
 
 namespace {
 
+using namespace permute;
+
 constexpr int kScatterThreads = 256;
-constexpr int kTileM = static_cast<int>(kGemmTileM);
-constexpr int kFusedThreads = 1024;
-constexpr int64_t kFusedMaxSlots = kFusedThreads;  // one slot per thread
-constexpr int kFusedExpertsPerThread = static_cast<int>((kMaxExperts + kFusedThreads - 1) / kFusedThreads);
 
 __global__ void count_local_slots_kernel(const int32_t* __restrict__ ids, int64_t slots, int32_t offset,
                                          int32_t local, int32_t* __restrict__ counts,
@@ -42,65 +41,6 @@ __global__ void count_local_slots_kernel(const int32_t* __restrict__ ids, int64_
     if (e >= 0 && e < local) atomicAdd(counts + e, 1);
     else slot_to_row[i] = -1;
   }
-}
-
-// The last expert whose first tile (or row, with unit kTileM) is <= t: the one holding it, since
-// empty experts share the next one's start. Invariant: start[lo] <= t < start[local].
-__device__ __forceinline__ int32_t expert_at(const int32_t* start, int32_t local, int64_t t, int64_t unit) {
-  int32_t lo = 0, hi = local;
-  while (hi - lo > 1) {
-    const int32_t mid = (lo + hi) / 2;
-    if (static_cast<int64_t>(start[mid]) * unit <= t) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
-// By the whole block, from the tile starts of every expert: tile_expert (-1 past the last tile)
-// and row_to_slot = -1 for the rows past the last tile.
-__device__ void write_tile_map(const int32_t* tile_start, int32_t local, int64_t max_tiles, int32_t* tile_expert,
-                               int32_t* row_to_slot) {
-  const int32_t tiles = tile_start[local];
-  for (int64_t t = threadIdx.x; t < max_tiles; t += blockDim.x)
-    tile_expert[t] = t < tiles ? expert_at(tile_start, local, t, 1) : -1;
-  for (int64_t r = static_cast<int64_t>(tiles) * kTileM + threadIdx.x; r < max_tiles * kTileM; r += blockDim.x)
-    row_to_slot[r] = -1;
-}
-
-// By the whole block (kFusedThreads threads): the exclusive scan of the tiles per expert,
-// kFusedExpertsPerThread consecutive experts per thread (a warp scan, then the warps' sums), into
-// tile_start [local + 1] (shared memory), row_offset [local + 1] and totals (rows, tiles).
-__device__ void scan_tiles(const int32_t* count, int32_t local, int32_t* tile_start, int32_t* row_offset,
-                           int32_t* totals) {
-  __shared__ int32_t warp_sum[kFusedThreads / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int32_t e0 = tid * kFusedExpertsPerThread;
-  int32_t mine = 0;
-  for (int i = 0; i < kFusedExpertsPerThread; ++i)
-    if (e0 + i < local) mine += (count[e0 + i] + kTileM - 1) / kTileM;
-  int32_t incl = mine;  // inclusive scan within the warp
-  for (int d = 1; d < 32; d <<= 1) {
-    const int32_t v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  if (lane == 31) warp_sum[warp] = incl;
-  __syncthreads();
-  int32_t before = incl - mine;
-  for (int w = 0; w < warp; ++w) before += warp_sum[w];
-  for (int i = 0; i < kFusedExpertsPerThread; ++i) {
-    const int32_t e = e0 + i;
-    if (e >= local) break;
-    tile_start[e] = before;
-    row_offset[e] = before * kTileM;
-    before += (count[e] + kTileM - 1) / kTileM;
-  }
-  if (e0 < local && e0 + kFusedExpertsPerThread >= local) {  // the thread holding the last expert
-    tile_start[local] = before;
-    row_offset[local] = before * kTileM;
-    totals[0] = before * kTileM;
-    totals[1] = before;
-  }
-  __syncthreads();
 }
 
 // The offsets and the tile map from the counts of count_local_slots.
@@ -146,52 +86,11 @@ __global__ void __launch_bounds__(kScatterThreads)
   for (int32_t r = base + counts[e] + threadIdx.x; r < padded_end; r += kScatterThreads) row_to_slot[r] = -1;
 }
 
-// The whole plan in one block, for T k <= kFusedMaxSlots: counts (shared-memory atomics on
-// integers), the padded offsets by a block-wide exclusive scan of the tile counts, the tile map,
-// then each slot's row = its expert's first row + the number of earlier slots of that expert
-// (O(slots) per thread: at most 1024 comparisons), which is the multi-launch path's stable order.
 __global__ void __launch_bounds__(kFusedThreads)
     permute_fused_kernel(const int32_t* __restrict__ ids, int32_t slots, int32_t offset, int32_t local,
-                         int64_t max_tiles, int32_t* __restrict__ expert_count, int32_t* __restrict__ row_offset,
-                         int32_t* __restrict__ tile_expert, int32_t* __restrict__ slot_to_row,
-                         int32_t* __restrict__ row_to_slot, int32_t* __restrict__ totals) {
+                         int64_t max_tiles, PermutePlan plan) {
   extern __shared__ int32_t fused_smem[];
-  int32_t* count = fused_smem;              // [local]
-  int32_t* tile_start = count + local;      // [local + 1]
-  int32_t* expert_of = tile_start + local + 1;  // [slots]: local expert of each slot, -1 if not local
-  const int tid = threadIdx.x;
-
-  // Counts
-  for (int32_t e = tid; e < local; e += kFusedThreads) count[e] = 0;
-  __syncthreads();
-  if (tid < slots) {
-    const int32_t e = ids[tid] - offset;
-    const bool mine = e >= 0 && e < local;
-    expert_of[tid] = mine ? e : -1;
-    if (mine) atomicAdd(count + e, 1);
-    else slot_to_row[tid] = -1;
-  }
-  __syncthreads();
-
-  scan_tiles(count, local, tile_start, row_offset, totals);
-  for (int32_t e = tid; e < local; e += kFusedThreads) expert_count[e] = count[e];
-
-  write_tile_map(tile_start, local, max_tiles, tile_expert, row_to_slot);
-  const int32_t tiles = tile_start[local];
-
-  // Slots to rows, then each expert's padding rows
-  if (tid < slots && expert_of[tid] >= 0) {
-    const int32_t e = expert_of[tid];
-    int32_t rank = 0;
-    for (int32_t j = 0; j < tid; ++j) rank += expert_of[j] == e;
-    const int32_t row = tile_start[e] * kTileM + rank;
-    slot_to_row[tid] = row;
-    row_to_slot[row] = tid;
-  }
-  for (int64_t r = tid; r < static_cast<int64_t>(tiles) * kTileM; r += kFusedThreads) {
-    const int32_t e = expert_at(tile_start, local, r, kTileM);
-    if (r - static_cast<int64_t>(tile_start[e]) * kTileM >= count[e]) row_to_slot[r] = -1;
-  }
+  permute_block(ids, slots, offset, local, max_tiles, fused_smem, plan);
 }
 
 __global__ void gather_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales,
@@ -249,11 +148,9 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
   const auto offset = static_cast<int32_t>(local_expert_offset);
 
   if (slots <= kFusedMaxSlots) {
-    const size_t smem = sizeof(int32_t) * static_cast<size_t>(2 * local_experts + 1 + slots);
+    const size_t smem = permute_block_smem_bytes(local_experts, slots);
     permute_fused_kernel<<<1, kFusedThreads, smem, stream>>>(topk_ids, static_cast<int32_t>(slots), offset, local,
-                                                             cap.max_tiles, plan.expert_count, plan.row_offset,
-                                                             plan.tile_expert, plan.slot_to_row, plan.row_to_slot,
-                                                             plan.totals);
+                                                             cap.max_tiles, plan);
     MOECHECK_CUDA_CHECK_LAUNCH("permute_fused_kernel");
     return;
   }

@@ -6,6 +6,7 @@
 //   launch_moe_routing           moe_routing.cu                        DEVICE-ALGORITHM.md §1
 //   launch_fp8_group_quant       fp8_group_quant.cu                    §2
 //   launch_moe_permute           moe_permute.cu (slots -> rows)        -
+//   launch_moe_prologue          moe_prologue.cu (the three above, T <= 16, one launch)
 //   launch_gather_rows           moe_permute.cu (token rows -> A)      -
 //   launch_sm90_fp8_grouped_gemm sm90_fp8_grouped_gemm_1d2d.cu         §3 (GEMM1), §5 (GEMM2)
 //   launch_silu_mul_quant        silu_mul_quant.cu                     §4
@@ -83,6 +84,19 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
 void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout scale_layout, int64_t tokens,
                         int64_t hidden, int64_t top_k, const PermutePlan& plan, uint8_t* a_codes,
                         float* a_scales, cudaStream_t stream);
+
+// ---- One-launch prologue of small batches (moe_prologue.cu) ---------------------------------
+// Routing, the bf16 entry's activation quantization (hidden_bf16 [T, H] bf16 bits; null for the
+// fp8 entry: none) and the permutation in one block: the bits launch_moe_routing,
+// launch_fp8_group_quant (transposed scales [H/128, T]) and launch_moe_permute give, in one
+// launch instead of three. For batches moe_prologue_fits accepts: T <= kPrologueMaxTokens,
+// T k <= 1024, and the routing's scores (T (2E + n_group) floats) within 47 KiB.
+inline constexpr int64_t kPrologueMaxTokens = 16;
+bool moe_prologue_fits(const MoeConfig& c, int64_t tokens);
+void launch_moe_prologue(const MoeConfig& c, const float* logits, const float* bias, const void* hidden_bf16,
+                         int64_t tokens, int32_t* topk_ids, float* topk_weights, uint8_t* hidden_codes,
+                         float* hidden_scales, const PermuteCapacity& cap, const PermutePlan& plan,
+                         cudaStream_t stream);
 
 // ---- Weight layout of the grouped GEMM (pack_weight_tiles.cu) ------------------------------
 // How the B operand's (the weights') codes lie in memory.

@@ -8,7 +8,7 @@ set -uo pipefail
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 mode=${1:-all}
-small='GpuQuant.*:GpuRouting.ExactTies*:GpuGemm.Exact*:GpuGemm.Tiles*:GpuGemm.LargeBatch*:Cases/GpuMoe.StagesWithinBounds/large_batch_block_tiles:Cases/GpuMoe.StagesWithinBounds/t1_deepseek_grouped:Cases/GpuMoe.StagesWithinBounds/ep_tokens_without_local_expert:Cases/GpuMoe.StagesWithinBounds/ue8m0_up_gate_bf16:Cases/GpuMoe.StagesWithinBounds/bf16_entry_sigmoid_eps'
+small='GpuQuant.*:GpuRouting.*:GpuPrologue.*:GpuGemm.Exact*:GpuGemm.Tiles*:GpuGemm.LargeBatch*:Cases/GpuMoe.StagesWithinBounds/large_batch_block_tiles:Cases/GpuMoe.StagesWithinBounds/t1_deepseek_grouped:Cases/GpuMoe.StagesWithinBounds/ep_tokens_without_local_expert:Cases/GpuMoe.StagesWithinBounds/ue8m0_up_gate_bf16:Cases/GpuMoe.StagesWithinBounds/bf16_entry_sigmoid_eps'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/device.txt"
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass bin/gpu_kernels_test > "$out/sass.txt" 2>&1

@@ -269,6 +269,89 @@ TEST(GpuRouting, ExactTiesGoToTheLowerIndex) {
   }
 }
 
+// ---- One-launch prologue ------------------------------------------------------------------------------
+
+// The prologue (routing + bf16 quantization + permutation in one block) against the three stage
+// launches on the same inputs: every output bit for bit, the plan's arrays whole (padding and
+// unused rows included). Batches of 1 to 16 tokens; grouped sigmoid routing with a bias and the
+// bf16 entry, softmax routing with the fp8 entry, an EP shard whose tokens partly miss it, and
+// UE8M0 scales.
+TEST(GpuPrologue, GivesTheBitsOfTheStagesItFuses) {
+  MOECHECK_REQUIRE_GPU();
+  struct Case {
+    const char* name;
+    RoutingMethod method;
+    int64_t E, k, n_group, topk_group, offset, local, T;
+    bool bias, bf16, ue8m0;
+  };
+  const Case cases[] = {
+      {"deepseek_t1", RoutingMethod::deepseek_v3, 256, 8, 8, 4, 0, 256, 1, true, true, false},
+      {"deepseek_t16_ue8m0", RoutingMethod::deepseek_v3, 256, 8, 8, 4, 0, 256, 16, true, true, true},
+      {"renormalize_fp8_entry", RoutingMethod::renormalize, 64, 6, 1, 1, 0, 64, 5, false, false, false},
+      {"ep_shard", RoutingMethod::sigmoid_renormalize, 128, 4, 1, 1, 96, 32, 9, true, true, false},
+  };
+  uint64_t seed = 700;
+  for (const Case& x : cases) {
+    SCOPED_TRACE(x.name);
+    MoeConfig c = small_config(x.method, x.E, x.k, 512, 256);
+    c.n_group = x.n_group, c.topk_group = x.topk_group;
+    c.local_expert_offset = x.offset, c.local_num_experts = x.local;
+    c.scale_format = x.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32;
+    c.routing_weight_dtype = Precision::bf16;
+    ASSERT_TRUE(config_problems(c).empty());
+    ASSERT_TRUE(kernels::moe_prologue_fits(c, x.T));
+    const int64_t T = x.T, H = c.hidden_size;
+    const auto logits = normal_floats(++seed, 1, static_cast<size_t>(T * x.E), 2.0);
+    const auto bias = normal_floats(seed, 2, static_cast<size_t>(x.E), 0.5);
+    const auto xf = normal_floats(seed, 3, static_cast<size_t>(T * H), 3.0);
+    std::vector<uint16_t> xb(xf.size());
+    for (size_t i = 0; i < xf.size(); ++i) xb[i] = bf16_encode(xf[i]);
+    DeviceBuffer<float> d_logits(logits), d_bias(bias);
+    DeviceBuffer<uint16_t> d_x(xb);
+    const kernels::PermuteCapacity cap = kernels::permute_capacity(T, x.k, x.local);
+
+    struct Out {  // one run's outputs, poisoned before it
+      DeviceBuffer<int32_t> ids, count, offset, tiles, s2r, r2s, totals;
+      DeviceBuffer<float> w, scales;
+      DeviceBuffer<uint8_t> codes;
+      kernels::PermutePlan plan;
+      Out(int64_t T, int64_t k, int64_t H, int64_t local, const kernels::PermuteCapacity& cap)
+          : ids(T * k), count(local), offset(local + 1), tiles(cap.max_tiles), s2r(T * k), r2s(cap.max_rows),
+            totals(2), w(T * k), scales(T * H / 128), codes(T * H) {
+        plan = {count.get(), offset.get(), tiles.get(), s2r.get(), r2s.get(), totals.get()};
+      }
+    };
+    Out stages(T, x.k, H, x.local, cap), fused(T, x.k, H, x.local, cap);
+    const float* b = x.bias ? d_bias.get() : nullptr;
+    kernels::launch_moe_routing(c, d_logits.get(), b, T, stages.ids.get(), stages.w.get(), nullptr);
+    if (x.bf16)
+      kernels::launch_fp8_group_quant(d_x.get(), kernels::ActivationDtype::bf16, T, H, c.scale_format, c.act_eps,
+                                      ScaleLayout::transposed, stages.codes.get(), stages.scales.get(), nullptr);
+    kernels::launch_moe_permute(stages.ids.get(), T, x.k, x.offset, x.local, cap, stages.plan, nullptr);
+    kernels::launch_moe_prologue(c, d_logits.get(), b, x.bf16 ? d_x.get() : nullptr, T, fused.ids.get(),
+                                 fused.w.get(), fused.codes.get(), fused.scales.get(), cap, fused.plan, nullptr);
+    MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+    auto same = [](const auto& a, const auto& b, const char* what) {
+      const auto va = a.download(), vb = b.download();
+      EXPECT_EQ(0, std::memcmp(va.data(), vb.data(), va.size() * sizeof(va[0]))) << what << " differ";
+    };
+    same(stages.ids, fused.ids, "topk_ids");
+    same(stages.w, fused.w, "topk_weights");
+    same(stages.codes, fused.codes, "hidden codes");
+    same(stages.scales, fused.scales, "hidden scales");
+    same(stages.count, fused.count, "expert_count");
+    same(stages.offset, fused.offset, "row_offset");
+    same(stages.tiles, fused.tiles, "tile_expert");
+    same(stages.s2r, fused.s2r, "slot_to_row");
+    same(stages.r2s, fused.r2s, "row_to_slot");
+    same(stages.totals, fused.totals, "totals");
+    // Not vacuous: the stages' ids are a valid routing (check_routing) and the plan holds every local slot.
+    std::vector<int32_t> ids = stages.ids.download();
+    const CheckReport r = check_routing(c, logits.data(), x.bias ? bias.data() : nullptr, T, ids, stages.w.download());
+    EXPECT_TRUE(r.ok) << r;
+  }
+}
+
 // ---- Grouped GEMM ------------------------------------------------------------------------------------
 
 struct GemmProblem {
