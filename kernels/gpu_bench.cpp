@@ -216,6 +216,7 @@ GpuBenchResult run_gpu_bench(const GpuBenchOptions& o, const std::function<void(
   for (const int64_t T : o.tokens) {
     GpuBenchRow row;
     row.tokens = T;
+    stage_names.clear();  // the stages depend on T (the small-batch prologue takes three's place)
     // Warm-up, and the routing of each input set (slots and experts hit).
     MOECHECK_CUDA_CHECK(cudaMemsetAsync(out.p, 0xFF, out.bytes, s));  // NaN: an unwritten element shows
     double slots = 0, hit = 0;

@@ -89,12 +89,19 @@ std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBen
   line("");
   line("per-stage medians (ms; each stage from the previous stage's mark, so launch gaps count to the stage after them):");
   if (!r.rows.empty()) {
+    std::vector<std::string> names;  // every row's stages, in first-seen order ("-" where a row has none)
+    for (const auto& row : r.rows)
+      for (const auto& s : row.stages)
+        if (std::find(names.begin(), names.end(), s.stage) == names.end()) names.push_back(s.stage);
     std::string head = fmt::format("{:>6}", "tokens");
-    for (const auto& s : r.rows.front().stages) head += fmt::format(" {:>12}", s.stage);
+    for (const auto& n : names) head += fmt::format(" {:>12}", n);
     line(head);
     for (const auto& row : r.rows) {
       std::string l = fmt::format("{:>6}", row.tokens);
-      for (const auto& s : row.stages) l += fmt::format(" {:>12.4f}", s.median_ms);
+      for (const auto& n : names) {
+        const auto it = std::find_if(row.stages.begin(), row.stages.end(), [&](const auto& s) { return s.stage == n; });
+        l += it == row.stages.end() ? fmt::format(" {:>12}", "-") : fmt::format(" {:>12.4f}", it->median_ms);
+      }
       line(l);
     }
   }
