@@ -122,10 +122,11 @@ PermuteCapacity permute_capacity(int64_t tokens, int64_t top_k, int64_t local_ex
   return c;
 }
 
-void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, int64_t local_expert_offset,
-                        int64_t local_experts, const PermuteCapacity& cap, const PermutePlan& plan,
-                        cudaStream_t stream) {
-  const char* who = "moe_permute";
+// The host-side contract of a permutation (the stage's launch and the prologue's): sizes in
+// range, a capacity of at least permute_capacity(T, k, E_local), the plan's arrays given.
+void permute::require_permute_args(const char* who, const int32_t* topk_ids, int64_t tokens, int64_t top_k,
+                                   int64_t local_expert_offset, int64_t local_experts, const PermuteCapacity& cap,
+                                   const PermutePlan& plan) {
   require(tokens >= 0 && top_k >= 1 && tokens * top_k <= 0x7FFFFFFF, who, "T * top_k must fit in int32");
   require(local_experts >= 1 && local_experts <= kMaxExperts, who,
           "local_num_experts must be in [1, " + std::to_string(kMaxExperts) + "]");
@@ -139,11 +140,18 @@ void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, 
   require_ptr(plan.tile_expert, who, "tile_expert", 4);
   require_ptr(plan.row_to_slot, who, "row_to_slot", 4);
   require_ptr(plan.totals, who, "totals", 4);
-  const int64_t slots = tokens * top_k;
-  if (slots > 0) {
+  if (tokens * top_k > 0) {
     require_ptr(topk_ids, who, "topk_ids", 4);
     require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
   }
+}
+
+void launch_moe_permute(const int32_t* topk_ids, int64_t tokens, int64_t top_k, int64_t local_expert_offset,
+                        int64_t local_experts, const PermuteCapacity& cap, const PermutePlan& plan,
+                        cudaStream_t stream) {
+  const char* who = "moe_permute";
+  permute::require_permute_args(who, topk_ids, tokens, top_k, local_expert_offset, local_experts, cap, plan);
+  const int64_t slots = tokens * top_k;
   const auto local = static_cast<int32_t>(local_experts);
   const auto offset = static_cast<int32_t>(local_expert_offset);
 

@@ -16,6 +16,12 @@ constexpr int kFusedThreads = 1024;
 constexpr int64_t kFusedMaxSlots = kFusedThreads;  // one slot per thread
 constexpr int kFusedExpertsPerThread = static_cast<int>((kMaxExperts + kFusedThreads - 1) / kFusedThreads);
 
+// Host side: throws std::invalid_argument naming `who` unless the sizes are in range, the
+// capacity holds permute_capacity(T, k, E_local) and the plan's arrays are given (moe_permute.cu).
+void require_permute_args(const char* who, const int32_t* topk_ids, int64_t tokens, int64_t top_k,
+                          int64_t local_expert_offset, int64_t local_experts, const PermuteCapacity& cap,
+                          const PermutePlan& plan);
+
 // Shared memory permute_block takes: count [local], tile_start [local + 1], expert_of [slots].
 inline size_t permute_block_smem_bytes(int64_t local, int64_t slots) {
   return sizeof(int32_t) * static_cast<size_t>(2 * local + 1 + slots);

@@ -100,18 +100,10 @@ void launch_moe_prologue(const MoeConfig& c, const float* logits, const float* b
           "the batch does not fit the one-block prologue (moe_prologue_fits): T = " + std::to_string(tokens));
   require(c.hidden_size % kScaleBlock == 0, who, "hidden_size must be a multiple of 128");
   const int64_t E_local = c.local_experts();
-  const PermuteCapacity need = permute_capacity(tokens, c.top_k, E_local);
-  require(cap.max_tiles >= need.max_tiles && cap.max_rows == cap.max_tiles * kGemmTileM, who,
-          "capacity smaller than permute_capacity(T, k, E_local)");
+  permute::require_permute_args(who, topk_ids, tokens, c.top_k, c.local_expert_offset, E_local, cap, plan);
   require_ptr(logits, who, "routing_logits", 4);
   require_ptr(topk_ids, who, "topk_ids", 4);
   require_ptr(topk_weights, who, "topk_weights", 4);
-  require_ptr(plan.expert_count, who, "expert_count", 4);
-  require_ptr(plan.row_offset, who, "row_offset", 4);
-  require_ptr(plan.tile_expert, who, "tile_expert", 4);
-  require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
-  require_ptr(plan.row_to_slot, who, "row_to_slot", 4);
-  require_ptr(plan.totals, who, "totals", 4);
   if (hidden_bf16 != nullptr) {
     require_ptr(hidden_bf16, who, "hidden_states_bf16", 16);
     require_ptr(hidden_codes, who, "hidden codes", 16);

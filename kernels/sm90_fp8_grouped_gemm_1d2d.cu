@@ -81,14 +81,6 @@ struct GemmParams {
   bool b_tiles;  // b is WeightLayout::block_tiles
 };
 
-// Rows of tile `tile` (of expert e) that hold routed slots; the rest are padding.
-__device__ __forceinline__ int tile_rows(const GemmParams& p, int64_t tile, int32_t e) {
-  if (p.row_offset == nullptr || p.expert_count == nullptr) return kTileRows;
-  const int64_t first = tile * kTileRows - p.row_offset[e];
-  const int64_t rows = static_cast<int64_t>(p.expert_count[e]) - first;
-  return rows <= 0 ? 0 : (rows >= kTileRows ? kTileRows : static_cast<int>(rows));
-}
-
 // Where a CTA's weight panel starts, and how K block kb of it is found. Row-major: 128 rows of
 // K bytes, block kb at column 128 kb of each. Block tiles: 16 KiB per block, already swizzled.
 struct WeightPanel {
@@ -211,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
   if (c.expert < 0) return;  // past the last tile of this routing
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
-  const int rows = tile_rows(p, c.tile, expert);
+  const int rows = routed_rows(p.row_offset, p.expert_count, c.tile, expert);
   if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert, rows);
   else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert, rows);
   else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert, rows);

@@ -148,13 +148,6 @@ __device__ __forceinline__ void promote(float (&acc)[kCols / 2], const float (&p
   }
 }
 
-// Routed rows of M tile `tile` of expert e (all 64 without the plan's counts).
-__device__ __forceinline__ int stored_rows(const LargeParams& p, int64_t tile, int32_t e) {
-  if (p.row_offset == nullptr) return kRows;
-  const int64_t rows = static_cast<int64_t>(p.expert_count[e]) - (tile * kRows - p.row_offset[e]);
-  return rows <= 0 ? 0 : (rows >= kRows ? kRows : static_cast<int>(rows));
-}
-
 // Rows r0 and r0 + 8 of the fragment, rounded to the output precision, to D (8-byte stores),
 // each only if routed (r < stored).
 __device__ __forceinline__ void store_rows(const LargeParams& p, const float (&acc)[kCols / 2], float* g_d, int r0,
@@ -212,7 +205,7 @@ __device__ void consume(const LargeParams& p, const CUtensorMap* act_map, uint8_
       __syncwarp();
     }
     if (!active) continue;
-    store_rows(p, acc, p.d + (row0 + r0) * p.n + n_tile * kCols + c0, r0, stored_rows(p, w.tile, w.expert));
+    store_rows(p, acc, p.d + (row0 + r0) * p.n + n_tile * kCols + c0, r0, routed_rows(p.row_offset, p.expert_count, w.tile, w.expert));
   }
 }
 
