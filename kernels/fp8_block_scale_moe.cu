@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/launch_checks.hpp"
 
 namespace moecheck::kernels {
@@ -98,7 +99,9 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   const uint8_t* codes = bf16_entry ? b.hidden_codes : in.hidden_states;
   const float* scales = bf16_entry ? b.hidden_scales : in.hidden_states_scale;
   const PermuteCapacity cap = permute_capacity(T, k, E_local);  // <= b.cap: grids sized for this T
-  if (moe_prologue_fits(c, T)) {
+  const bool small_batch = moe_prologue_fits(c, T);
+  const DependentLaunchScope dependent(small_batch);  // the stages after the prologue (dependent_launch.cuh)
+  if (small_batch) {
     launch_moe_prologue(c, in.routing_logits, in.routing_bias, bf16_entry ? in.hidden_states_bf16 : nullptr, T,
                         b.topk_ids, b.topk_weights, b.hidden_codes, b.hidden_scales, cap, b.plan, stream);
     ws.mark("prologue", stream);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_stages.hpp"
 
@@ -31,6 +32,8 @@ __global__ void __launch_bounds__(kThreads)
     moe_finalize_kernel(const float* __restrict__ y, const int32_t* __restrict__ slot_to_row,
                         const float* __restrict__ weights, int64_t top_k, int64_t hidden,
                         uint16_t* __restrict__ out, float* __restrict__ expert_outputs) {
+  wait_for_previous_grid();  // first: dependent_launch.cuh
+  let_dependents_start();
   const int64_t t = blockIdx.x;
   for (int64_t h = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * 4; h < hidden;
        h += static_cast<int64_t>(gridDim.y) * kThreads * 4) {
@@ -69,9 +72,8 @@ void launch_moe_finalize(const float* gemm2_out, const int32_t* slot_to_row, con
   if (expert_outputs != nullptr) require_ptr(expert_outputs, who, "expert_outputs", 16);
   // One block per token and 1024 columns: a decode step's few tokens still fill several SMs.
   const dim3 grid(grid_x(tokens, who), static_cast<unsigned>((hidden + kThreads * 4 - 1) / (kThreads * 4)));
-  moe_finalize_kernel<<<grid, kThreads, 0, stream>>>(gemm2_out, slot_to_row, topk_weights, top_k,
-                                                                    hidden, out_bf16, expert_outputs);
-  MOECHECK_CUDA_CHECK_LAUNCH("moe_finalize_kernel");
+  launch_dependent("launch of moe_finalize_kernel", moe_finalize_kernel, grid, kThreads, 0, stream, gemm2_out,
+                   slot_to_row, topk_weights, top_k, hidden, out_bf16, expert_outputs);
 }
 
 }  // namespace moecheck::kernels

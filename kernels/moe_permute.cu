@@ -20,6 +20,7 @@
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_stages.hpp"
@@ -97,6 +98,8 @@ __global__ void gather_rows_kernel(const uint8_t* __restrict__ codes, const floa
                                    bool transposed, int64_t tokens, int64_t hidden, int64_t top_k,
                                    const int32_t* __restrict__ slot_to_row, uint8_t* __restrict__ a_codes,
                                    float* __restrict__ a_scales) {
+  wait_for_previous_grid();  // first: dependent_launch.cuh
+  let_dependents_start();
   const int64_t slot = blockIdx.x;
   const int32_t r = slot_to_row[slot];
   if (r < 0) return;  // a non-local expert's slot
@@ -189,10 +192,9 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
   require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
   require_ptr(codes, who, "hidden codes", 16);
   require_ptr(scales, who, "hidden scales", 4);
-  gather_rows_kernel<<<grid_x(tokens * top_k, who), 128, 0, stream>>>(
-      codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k, plan.slot_to_row, a_codes,
-      a_scales);
-  MOECHECK_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+  launch_dependent("launch of gather_rows_kernel", gather_rows_kernel, grid_x(tokens * top_k, who), 128, 0, stream,
+                   codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k,
+                   static_cast<const int32_t*>(plan.slot_to_row), a_codes, a_scales);
 }
 
 }  // namespace moecheck::kernels

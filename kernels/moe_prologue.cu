@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/fp8_quant_device.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_permute.cuh"
@@ -59,6 +60,7 @@ size_t prologue_smem_bytes(const routing::RoutingParams& rp, int64_t local) {
 
 __global__ void __launch_bounds__(kThreads) moe_prologue_kernel(routing::RoutingParams rp, PrologueArgs a,
                                                                 PermutePlan plan) {
+  let_dependents_start();  // the gather's blocks may be scheduled; they wait for this grid (dependent_launch.cuh)
   extern __shared__ float smem[];
   const int warp = threadIdx.x >> 5;
   const int64_t T = rp.tokens;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/fp8_quant_device.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_stages.hpp"
@@ -43,6 +44,8 @@ __device__ __forceinline__ float silu_mul(float gate, float up, bool bf16_h) {
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     silu_mul_quant_kernel(const float* __restrict__ x, const int32_t* __restrict__ slot_to_row, int64_t slots,
                           SiluParams p, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  wait_for_previous_grid();  // first: dependent_launch.cuh
+  let_dependents_start();
   const int64_t groups = p.inter / device::kGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t slot = item / groups, g = item % groups;
@@ -87,9 +90,9 @@ void launch_silu_mul_quant(const float* gemm1_out, const int32_t* slot_to_row, i
   require_ptr(codes, who, "codes", 4);
   require_ptr(scales, who, "scales", 4);
   const int64_t items = slots * (inter / kScaleBlock);
-  silu_mul_quant_kernel<<<grid_x((items + kWarpsPerBlock - 1) / kWarpsPerBlock, who), kWarpsPerBlock * 32, 0,
-                          stream>>>(gemm1_out, slot_to_row, slots, p, codes, scales);
-  MOECHECK_CUDA_CHECK_LAUNCH("silu_mul_quant_kernel");
+  launch_dependent("launch of silu_mul_quant_kernel", silu_mul_quant_kernel,
+                   grid_x((items + kWarpsPerBlock - 1) / kWarpsPerBlock, who), kWarpsPerBlock * 32, 0, stream,
+                   gemm1_out, slot_to_row, slots, p, codes, scales);
 }
 
 }  // namespace moecheck::kernels

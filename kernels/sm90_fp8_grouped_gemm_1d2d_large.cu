@@ -42,6 +42,7 @@
 #include <string>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/grouped_gemm_order.cuh"
 #include "kernels/launch_checks.hpp"
 #include "kernels/moe_stages.hpp"
@@ -212,6 +213,8 @@ __device__ void consume(const LargeParams& p, const CUtensorMap* act_map, uint8_
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_fp8_grouped_gemm_1d2d_large_kernel(const __grid_constant__ CUtensorMap act_map, LargeParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wait_for_previous_grid();  // first: dependent_launch.cuh. No early start for the next stage: on the
+  // H100 at T = 1 it gained nothing measurable, and its blocks would hold SM resources meanwhile.
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const uint32_t bars = smem_addr(smem + kStages * kStageBytes);  // full[kStages], then empty[kStages]
@@ -290,8 +293,8 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
                       g.experts, g.d, g.out_precision == Precision::bf16};
   const int64_t items = g.max_tiles * ((g.n / kCols + 1) / 2);
   const int64_t grid = items < sms ? items : sms;
-  sm90_fp8_grouped_gemm_1d2d_large_kernel<<<grid_x(grid, who), kThreads, kSmemBytes, stream>>>(act_map, p);
-  MOECHECK_CUDA_CHECK_LAUNCH("sm90_fp8_grouped_gemm_1d2d_large_kernel");
+  launch_dependent("launch of sm90_fp8_grouped_gemm_1d2d_large_kernel", sm90_fp8_grouped_gemm_1d2d_large_kernel,
+                   grid_x(grid, who), kThreads, kSmemBytes, stream, act_map, p);
 }
 
 }  // namespace moecheck::kernels
