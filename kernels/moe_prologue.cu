@@ -58,7 +58,8 @@ size_t prologue_smem_bytes(const routing::RoutingParams& rp, int64_t local) {
                   permute::permute_block_smem_bytes(local, rp.tokens * rp.top_k));
 }
 
-__global__ void __launch_bounds__(kThreads) moe_prologue_kernel(routing::RoutingParams rp, PrologueArgs a,
+// One block per SM is all there is: without the 1, ptxas held the kernel to 32 registers and spilled.
+__global__ void __launch_bounds__(kThreads, 1) moe_prologue_kernel(routing::RoutingParams rp, PrologueArgs a,
                                                                 PermutePlan plan) {
   let_dependents_start();  // the gather's blocks may be scheduled; they wait for this grid (dependent_launch.cuh)
   extern __shared__ float smem[];

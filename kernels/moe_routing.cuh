@@ -80,6 +80,47 @@ __device__ __forceinline__ unsigned long long lane_best(int n, const OwnBits& sk
   return best;
 }
 
+// The k best experts by sel, pick j held by lane j (-1 for lanes >= k): k warp-wide maxima, each
+// over every lane's best key among the experts it owns that are not taken yet.
+__device__ __forceinline__ int pick_top_k(const RoutingParams& p, const float* sel) {
+  const int lane = threadIdx.x & 31;
+  OwnBits taken;
+  int mine = -1;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int idx = key_index(warp_max_key(lane_best(p.experts, taken, [&](int e) { return sel[e]; })));
+    if ((idx & 31) == lane) taken.set(idx >> 5);
+    if (lane == j) mine = idx;
+  }
+  return mine;
+}
+
+// The same picks for E <= 32 kRegisterKeys: each lane's keys are computed once into registers and
+// a taken key becomes 0 ("no candidate"), so a pick is a maximum over registers instead of shared
+// memory reads and key computations. At decode sizes the routing is one warp's chain of dependent
+// instructions, and these loops were most of it.
+constexpr int kRegisterKeys = 8;
+__device__ __forceinline__ int pick_top_k_in_registers(const RoutingParams& p, const float* sel) {
+  const int E = p.experts, lane = threadIdx.x & 31;
+  unsigned long long key[kRegisterKeys];
+#pragma unroll
+  for (int i = 0; i < kRegisterKeys; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = e < E ? rank_key(sel[e], e) : 0ull;
+  }
+  int mine = -1;
+  for (int j = 0; j < p.top_k; ++j) {
+    unsigned long long best = 0;
+#pragma unroll
+    for (int i = 0; i < kRegisterKeys; ++i) best = key[i] > best ? key[i] : best;
+    const int idx = key_index(warp_max_key(best));
+    const int slot = (idx & 31) == lane ? idx >> 5 : -1;  // the owner's register of the pick
+#pragma unroll
+    for (int i = 0; i < kRegisterKeys; ++i) key[i] = i == slot ? 0ull : key[i];
+    if (lane == j) mine = idx;
+  }
+  return mine;
+}
+
 // One token by one warp: logits l [E], its k ids and weights out; `scratch`: the warp's
 // warp_smem_bytes(p) of shared memory.
 __device__ __forceinline__ void route_token(const RoutingParams& p, const float* __restrict__ l,
@@ -145,13 +186,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, const float*
   }
 
   // Top-k experts by sel, one warp-wide maximum per pick; lane j keeps pick j.
-  OwnBits taken;
-  int mine = -1;
-  for (int j = 0; j < p.top_k; ++j) {
-    const int idx = key_index(warp_max_key(lane_best(E, taken, [&](int e) { return sel[e]; })));
-    if ((idx & 31) == lane) taken.set(idx >> 5);
-    if (lane == j) mine = idx;
-  }
+  const int mine = E <= 32 * kRegisterKeys ? pick_top_k_in_registers(p, sel) : pick_top_k(p, sel);
 
   // Weights in rank order: the denominator is the sum of the chosen gates in rank order.
   const bool renorm = p.method == kDeepseek || p.method == kRenormalize || p.method == kSigmoidRenormalize;
