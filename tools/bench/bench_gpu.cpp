@@ -85,7 +85,9 @@ std::string describe_run(const kernels::GpuBenchResult& r, const kernels::GpuBen
   for (const auto& row : r.rows)
     if (!row.graph_failed.empty()) line(fmt::format("T={}: not captured as a CUDA graph: {}", row.tokens, row.graph_failed));
   line("(median ms and TFLOP/s, GB/s: launched kernel by kernel with a CUDA event between stages; graph ms: the same "
-       "pass replayed as one CUDA graph, as engines replay decode steps)");
+       "pass replayed as one CUDA graph, as engines replay decode steps; cuda backend, T <= 16: the stages after the "
+       "one-launch prologue are programmatic dependent launches, which the events between stages serialize, unless "
+       "MOECHECK_DEPENDENT_LAUNCH=off)");
   line("");
   line("per-stage medians (ms; each stage from the previous stage's mark, so launch gaps count to the stage after them):");
   if (!r.rows.empty()) {
