@@ -64,7 +64,11 @@ inline bool& dependent_launch_in_scope() {
 
 class DependentLaunchScope {
  public:
-  explicit DependentLaunchScope(bool on) : previous_(dependent_launch_in_scope()) { dependent_launch_in_scope() = on; }
+  // An unreadable MOECHECK_DEPENDENT_LAUNCH throws here, before the layer enqueues anything.
+  explicit DependentLaunchScope(bool on) : previous_(dependent_launch_in_scope()) {
+    if (on) (void)dependent_launch_allowed_by_environment();
+    dependent_launch_in_scope() = on;
+  }
   ~DependentLaunchScope() { dependent_launch_in_scope() = previous_; }
   DependentLaunchScope(const DependentLaunchScope&) = delete;
   DependentLaunchScope& operator=(const DependentLaunchScope&) = delete;

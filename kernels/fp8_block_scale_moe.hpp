@@ -82,7 +82,9 @@ struct MoeBuffers {
 // ("routing", "act_quant", "permute", or "prologue" in their place for small batches, then
 // "gather", "gemm1", "silu_quant", "gemm2", "finalize"; the cublaslt backend adds "scale_repack"
 // before GEMM1, whose mark comes after its one host synchronisation). `moecheck bench` records a CUDA event there to time each stage; a hook must
-// only enqueue work on `stream` (or nothing), never synchronise it.
+// only enqueue work on `stream` (or nothing), never synchronise it. For T <= 16 the stages after the
+// prologue are programmatic dependent launches (dependent_launch.cuh); an event between two of
+// them serializes them, so stage times measured this way include no overlap.
 using StageHook = std::function<void(const char* stage, cudaStream_t stream)>;
 
 // Scratch memory of the MoE for up to max_tokens tokens of one shape (k, E_local, H, I). Owns

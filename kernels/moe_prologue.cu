@@ -105,7 +105,6 @@ void launch_moe_prologue(const MoeConfig& c, const float* logits, const float* b
   const int64_t E_local = c.local_experts();
   permute::require_permute_args(who, topk_ids, tokens, c.top_k, c.local_expert_offset, E_local, cap, plan);
   require_ptr(logits, who, "routing_logits", 4);
-  require_ptr(topk_ids, who, "topk_ids", 4);
   require_ptr(topk_weights, who, "topk_weights", 4);
   if (hidden_bf16 != nullptr) {
     require_ptr(hidden_bf16, who, "hidden_states_bf16", 16);

@@ -94,7 +94,7 @@ __device__ __forceinline__ int pick_top_k(const RoutingParams& p, const float* s
   return mine;
 }
 
-// The same picks for E <= 32 kRegisterKeys: each lane's keys are computed once into registers and
+// The same picks for E <= 32 * kRegisterKeys (256): each lane's keys are computed once into registers and
 // a taken key becomes 0 ("no candidate"), so a pick is a maximum over registers instead of shared
 // memory reads and key computations. At decode sizes the routing is one warp's chain of dependent
 // instructions, and these loops were most of it.

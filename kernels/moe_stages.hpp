@@ -155,7 +155,9 @@ struct GroupedGemmArgs {
   GemmSchedule schedule = GemmSchedule::automatic;
 };
 void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream);
-// The large_batch schedule alone (the dispatcher above checks the arguments first), and whether it
+// The launch's argument rules, which both schedules check (std::invalid_argument naming `who`).
+void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who);
+// The large_batch schedule alone (with the same argument checks), and whether it
 // can run g at all: block-tile weights, K and the row count within a tensor map's 32-bit
 // coordinates (automatic and MOECHECK_GEMM_SCHEDULE keep the small_batch schedule where not).
 void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t stream);

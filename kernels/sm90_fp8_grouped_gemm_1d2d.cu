@@ -242,8 +242,7 @@ bool use_large_batch(const GroupedGemmArgs& g) {
 
 }  // namespace
 
-void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream) {
-  const char* who = "sm90_fp8_grouped_gemm";
+void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who) {
   require(g.n > 0 && g.n % kTileCols == 0, who, "N must be a positive multiple of 128, got " + std::to_string(g.n));
   require(g.k > 0 && g.k % kBlockK == 0, who, "K must be a positive multiple of 128, got " + std::to_string(g.k));
   require(g.experts >= 1, who, "need at least one expert");
@@ -256,6 +255,11 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   require_ptr(g.b_scale, who, "B scales", 4);
   require_ptr(g.tile_expert, who, "tile_expert", 4);
   require_ptr(g.d, who, "D", 16);
+}
+
+void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream) {
+  const char* who = "sm90_fp8_grouped_gemm";
+  require_grouped_gemm_args(g, who);
   if (use_large_batch(g)) return launch_sm90_fp8_grouped_gemm_large(g, stream);
   static const bool smem_raised = [] {
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel,

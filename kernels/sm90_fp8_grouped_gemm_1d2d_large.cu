@@ -275,11 +275,10 @@ bool large_batch_schedule_fits(const GroupedGemmArgs& g) {
 
 void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t stream) {
   const char* who = "sm90_fp8_grouped_gemm_large";
+  require_grouped_gemm_args(g, who);
   require(large_batch_schedule_fits(g), who,
           "the large_batch schedule reads block-tile weights, and K and the row count must fit a tensor map's "
           "32-bit coordinates");
-  require(g.n > 0 && g.n % kCols == 0 && g.k > 0 && g.k % kBlockK == 0, who, "N and K must be multiples of 128");
-  require_ptr(g.a, who, "A codes", 16);
   static const int sms = [] {
     int dev = 0, n = 0;
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));

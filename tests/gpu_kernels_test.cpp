@@ -241,39 +241,89 @@ TEST(GpuRouting, EveryMethodMatchesReferenceWithinFloat32Ties) {
 }
 
 // Logits on a coarse grid: many exactly equal scores. Equal inputs give bit-equal float32 scores,
-// so the GPU must break every tie exactly as the reference does (lower index), ids and order.
+// so the GPU must break every tie exactly as the reference does (lower index), ids and order. E
+// on both sides of 256, where the warp's picks move from shared memory to registers, and not a
+// multiple of 32 (lanes own different numbers of experts); k up to 32 (4 picks per lane).
 TEST(GpuRouting, ExactTiesGoToTheLowerIndex) {
   MOECHECK_REQUIRE_GPU();
   const int64_t T = 200;
-  for (auto method : {RoutingMethod::deepseek_v3, RoutingMethod::renormalize, RoutingMethod::softmax_topk,
-                      RoutingMethod::sigmoid_renormalize, RoutingMethod::llama4}) {
-    SCOPED_TRACE(std::string(to_string(method)));
-    MoeConfig c = small_config(method, 32, method == RoutingMethod::llama4 ? 1 : 4, 128, 128);
-    if (method == RoutingMethod::deepseek_v3) {
-      c.n_group = 4;
-      c.topk_group = 2;
+  struct Shape {
+    int64_t E, k, n_group, topk_group;  // n_group and topk_group: deepseek_v3 only
+  };
+  const Shape shapes[] = {{32, 4, 4, 2}, {33, 32, 1, 1}, {255, 8, 1, 1}, {256, 8, 8, 4}, {256, 32, 8, 4}, {384, 32, 4, 2}};
+  for (const Shape& sh : shapes)
+    for (auto method : {RoutingMethod::deepseek_v3, RoutingMethod::renormalize, RoutingMethod::softmax_topk,
+                        RoutingMethod::sigmoid_renormalize, RoutingMethod::llama4}) {
+      SCOPED_TRACE(std::string(to_string(method)) + ", E " + std::to_string(sh.E) + ", k " + std::to_string(sh.k));
+      MoeConfig c = small_config(method, sh.E, method == RoutingMethod::llama4 ? 1 : sh.k, 128, 128);
+      if (method == RoutingMethod::deepseek_v3) {
+        c.n_group = sh.n_group;
+        c.topk_group = sh.topk_group;
+      }
+      ASSERT_TRUE(config_problems(c).empty());
+      std::vector<float> logits = uniform_floats(7, 1, static_cast<size_t>(T * sh.E), 0, 5);
+      // {0.1, 0.35, 0.6, 0.85, 1.1}: positive and irregular, so no two different pairs of
+      // sigmoids have an equal sum (sigmoid(x) + sigmoid(-x) = 1 would tie group scores in
+      // exact arithmetic and let float and double round the tie differently).
+      for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+      std::vector<int32_t> ids;
+      const auto w = run_routing(c, logits, {}, T, &ids);
+      const Routing ref = route(c, logits.data(), nullptr, T);
+      int64_t mismatches = 0;
+      for (size_t i = 0; i < ids.size(); ++i) mismatches += ids[i] != ref.ids[i];
+      EXPECT_EQ(mismatches, 0) << "ids differing from the reference's lower-index tie break";
+      const CheckReport r = check_routing(c, logits.data(), nullptr, T, ids, w);
+      EXPECT_TRUE(r.ok) << r;
     }
-    std::vector<float> logits = uniform_floats(7, 1, static_cast<size_t>(T * 32), 0, 5);
-    // {0.1, 0.35, 0.6, 0.85, 1.1}: positive and irregular, so no two different pairs of
-    // sigmoids have an equal sum (sigmoid(x) + sigmoid(-x) = 1 would tie group scores in
-    // exact arithmetic and let float and double round the tie differently).
-    for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
-    std::vector<int32_t> ids;
-    const auto w = run_routing(c, logits, {}, T, &ids);
-    const Routing ref = route(c, logits.data(), nullptr, T);
-    int64_t mismatches = 0;
-    for (size_t i = 0; i < ids.size(); ++i) mismatches += ids[i] != ref.ids[i];
-    EXPECT_EQ(mismatches, 0) << "ids differing from the reference's lower-index tie break";
-    const CheckReport r = check_routing(c, logits.data(), nullptr, T, ids, w);
-    EXPECT_TRUE(r.ok) << r;
-  }
+}
+
+// NaN logits rank last (rank_key gives NaN the lowest order): with sigmoid scores and no bias an
+// expert whose logit is NaN is picked only after every other, so with at most 40 NaN per token the
+// picks are the reference's for the same logits with each NaN made -30 (below the grid; the
+// reference takes finite logits only). Register picks (E = 256) and shared-memory picks (E = 320);
+// k = 8 and 32.
+TEST(GpuRouting, NanLogitsRankLast) {
+  MOECHECK_REQUIRE_GPU();
+  const int64_t T = 64;
+  for (const int64_t E : {256, 320})
+    for (const int64_t k : {8, 32}) {
+      SCOPED_TRACE("E " + std::to_string(E) + ", k " + std::to_string(k));
+      const MoeConfig c = small_config(RoutingMethod::sigmoid_renormalize, E, k, 128, 128);
+      // The grid of ExactTiesGoToTheLowerIndex: distinct logits keep distinct float32 sigmoids, so
+      // the float and double picks can differ only through NaN.
+      std::vector<float> logits = uniform_floats(91, static_cast<uint64_t>(E + k), static_cast<size_t>(T * E), 0, 5);
+      for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+      std::vector<float> as_low = logits;
+      int64_t nan_count = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < 1 + t % 40; ++j) {  // 1 to 40 NaN per token, at spread indices
+          const size_t i = static_cast<size_t>(t * E + (j * 37 + t * 11) % E);
+          nan_count += !std::isnan(logits[i]);
+          logits[i] = std::nanf("");
+          as_low[i] = -30.0f;
+        }
+      std::vector<int32_t> ids;
+      run_routing(c, logits, {}, T, &ids);
+      const Routing ref = route(c, as_low.data(), nullptr, T);
+      int64_t mismatches = 0, nan_picked = 0;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        mismatches += ids[i] != ref.ids[i];
+        nan_picked += std::isnan(logits[static_cast<size_t>(i / k) * E + ids[i]]);
+      }
+      EXPECT_GT(nan_count, 0);
+      EXPECT_EQ(mismatches, 0) << "ids differing from the picks with NaN ranked last";
+      EXPECT_EQ(nan_picked, 0) << "an expert with a NaN logit picked while finite ones were left";
+    }
 }
 
 // ---- One-launch prologue ------------------------------------------------------------------------------
 
 // The prologue (routing + bf16 quantization + permutation in one block) against the three stage
 // launches on the same inputs: every output bit for bit, the plan's arrays whole (padding and
-// unused rows included). Batches of 1 to 16 tokens; grouped sigmoid routing with a bias and the
+// unused rows included). Both sides run the same device functions (route_token, quantize_group,
+// permute_block), so this holds the fusion to the stages (shared memory reused across phases,
+// the barriers, reads of what this launch wrote); the routing itself is held to the reference by
+// the GpuRouting tests. Batches of 1 to 16 tokens; grouped sigmoid routing with a bias and the
 // bf16 entry, softmax routing with the fp8 entry, an EP shard whose tokens partly miss it, and
 // UE8M0 scales.
 TEST(GpuPrologue, GivesTheBitsOfTheStagesItFuses) {
