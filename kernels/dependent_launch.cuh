@@ -1,7 +1,7 @@
 // Programmatic dependent launch (sm_90): the layer's stages after the first are launched so the
 // GPU may schedule a stage's blocks while the stage before it is still finishing, instead of
-// after that grid has drained and the next launch has been processed (a few microseconds per
-// stage boundary, most of a decode step's small stages).
+// after that grid has drained and the next launch has been processed (about 7 us over the five
+// boundaries of a T = 1 step as one CUDA graph on the H100: docs/bench/CUDA-GEMM-NOTES.md).
 //
 // The contract every kernel launched with launch_dependent keeps: its first statement is
 // wait_for_previous_grid(), before it reads or writes any global memory. That instruction
@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda_check.hpp"
 
