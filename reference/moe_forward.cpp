@@ -234,106 +234,154 @@ void combine_chunk(const MoeConfig& c, const Routing& rt, const BudgetModel* mod
 
 }  // namespace
 
-ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
-  const MoeConfig& c = p.config;
-  require_valid_config(c);
-  const int64_t T = p.tokens, H = c.hidden_size, k = c.top_k;
-  if (T < 0 || !p.hidden || !p.logits || !p.load_expert)
+namespace {
+
+void check_forward_arguments(const MoeProblem& p, const ForwardOptions& opt) {
+  require_valid_config(p.config);
+  if (p.tokens < 0 || !p.hidden || !p.logits || !p.load_expert)
     throw std::invalid_argument("moe_forward: hidden, logits and load_expert are required");
-  const BudgetModel* model = opt.tier == Tier::quantized ? opt.budget : nullptr;
-  const bool ideal_bound = opt.tier == Tier::quantized && opt.ideal_bound;
-  const bool keep_slots = opt.expert_outputs || model || ideal_bound;
-  if (opt.products && (model || ideal_bound))
+  if (opt.products && opt.tier == Tier::quantized && (opt.budget || opt.ideal_bound))
     throw std::invalid_argument("moe_forward: budgets and the ideal bound are computed with the CPU's products only");
+}
 
-  ForwardResult res;
-  res.tier = opt.tier;
-  std::vector<double> exact_weights;  // before the quantized tier's rounding
-  res.routing = forward_routing(p, opt, exact_weights);
-  const Routing& rt = res.routing;
-  require_stored_experts(p, rt);
-  QuantizedHidden qh;
-  if (opt.tier == Tier::quantized) quantize_hidden(p, qh);
-
-  // Budget state shared by the experts; with a model every token is one chunk (keep_slots), so
-  // the per-slot arrays below are indexed by global slot.
+// What every chunk's experts share: the budget state, the chunking, the worker threads, and
+// which experts ran. Not movable (the budget context points into act_dev and requant).
+struct ForwardRun {
+  const BudgetModel* model = nullptr;  // the quantized tier's budget model, if any
+  bool ideal_bound = false;
+  bool keep_slots = false;  // every slot output kept (asked for, or read by a budget)
+  int threads = 1;
+  int64_t chunk = 1;  // tokens per chunk; with keep_slots every token is one chunk, so the
+                      // per-slot arrays are indexed by global slot
   BudgetCtx bc;
   std::vector<double> act_dev;
   RequantSlotStore requant;
-  if (model) {
-    set_budget_constants(p, *model, qh, bc, act_dev);
+  std::vector<double> slot_ideal_all;  // [T, k, H] with the ideal bound
+  std::vector<double> chunk_slots;     // the chunk's slot outputs when they are not kept
+  std::mutex load_mutex;               // load_expert and the progress callback: one thread at a time
+  // Experts run in any chunk (int32_t: GCC 12 warns falsely, -Wfree-nonheap-object, on a char vector here).
+  std::vector<int32_t> ran;
+};
+
+// The run's budget state and chunking, and res's outputs sized (zeros).
+void set_up_run(const MoeProblem& p, const ForwardOptions& opt, const QuantizedHidden& qh, ForwardRun& run,
+                ForwardResult& res) {
+  const MoeConfig& c = p.config;
+  const int64_t T = p.tokens, H = c.hidden_size, k = c.top_k;
+  run.model = opt.tier == Tier::quantized ? opt.budget : nullptr;
+  run.ideal_bound = opt.tier == Tier::quantized && opt.ideal_bound;
+  run.keep_slots = opt.expert_outputs || run.model || run.ideal_bound;
+  if (run.model) {
+    set_budget_constants(p, *run.model, qh, run.bc, run.act_dev);
     size_budget_outputs(res, T, k, H);
     if (opt.requant_terms) {
-      requant.allocate(T * k, H, c.intermediate_size, c.group_size);
-      bc.requant = requant.view();
+      run.requant.allocate(T * k, H, c.intermediate_size, c.group_size);
+      run.bc.requant = run.requant.view();
     }
   }
-  bc.ideal = ideal_bound;
-  std::vector<double> slot_ideal_all;
-  if (ideal_bound) {
+  run.bc.ideal = run.ideal_bound;
+  if (run.ideal_bound) {
     res.ideal_bound.assign(static_cast<size_t>(T * H), 0.0);
-    slot_ideal_all.assign(static_cast<size_t>(T * k * H), 0.0);
+    run.slot_ideal_all.assign(static_cast<size_t>(T * k * H), 0.0);
   }
   res.output.assign(static_cast<size_t>(T * H), 0.0);
-  if (keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
+  if (run.keep_slots) res.expert_outputs.assign(static_cast<size_t>(T * k * H), 0.0);
 
   // With another engine's products a chunk may hold 8x more slot outputs (4 GiB: every token of
   // a DeepSeek-V3 layer at T = 4096), since each chunk sends every expert's weights to it again.
   const int64_t slot_bytes = opt.products ? 8 * kSlotBufferBytes : kSlotBufferBytes;
-  const int64_t chunk = keep_slots ? std::max<int64_t>(T, 1)
-                                   : std::max<int64_t>(1, slot_bytes / (8 * k * std::max<int64_t>(H, 1)));
-  const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
-  std::mutex load_mutex;
-  std::vector<double> chunk_slots;
-  // Experts run in any chunk (int32_t: GCC 12 warns falsely, -Wfree-nonheap-object, on a char vector here).
-  std::vector<int32_t> ran(static_cast<size_t>(c.num_experts), 0);
+  run.chunk = run.keep_slots ? std::max<int64_t>(T, 1)
+                             : std::max<int64_t>(1, slot_bytes / (8 * k * std::max<int64_t>(H, 1)));
+  run.threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  run.ran.assign(static_cast<size_t>(c.num_experts), 0);
+}
 
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t nt = std::min(chunk, T - t0);
-    const std::vector<ExpertJob> jobs = plan_chunk(c, rt, t0, nt);
-    double* slot_budget = model ? res.slot_budget.data() + t0 * k * H : nullptr;
-    double* slot_ideal = ideal_bound ? slot_ideal_all.data() + t0 * k * H : nullptr;
-    if (model) {
-      bc.slot_sys = res.slot_flip_projection.data() + t0 * k, bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
-      bc.slot_tail = res.slot_flip_tail.data() + t0 * k * kFlipTailWidth;
-      bc.slot_energy_tail = res.slot_energy_tail.data() + t0 * k * kEnergyTailWidth;
-    }
-    double* slots;
-    if (keep_slots) {
-      slots = res.expert_outputs.data() + t0 * k * H;
-    } else {
-      chunk_slots.assign(static_cast<size_t>(nt * k * H), 0.0);
-      slots = chunk_slots.data();
-    }
-
-    // The chunk's experts, on the worker threads.
-    std::atomic<int64_t> done{0};
-    parallel_jobs<Scratch>(jobs.size(), threads, [&](size_t i, Scratch& s) {
-      ExpertView w;
-      {
-        std::lock_guard<std::mutex> lock(load_mutex);
-        w = p.load_expert(jobs[i].expert);
-      }
-      run_expert(p, opt.tier, w, jobs[i], t0, k, qh, slots, slot_budget, slot_ideal, bc, opt.products, s);
-      const int64_t d = ++done;
-      if (opt.progress) {
-        std::lock_guard<std::mutex> lock(load_mutex);
-        opt.progress(d, static_cast<int64_t>(jobs.size()));
-      }
-    });
-
-    combine_chunk(c, rt, model, {t0, nt, slots, slot_budget, slot_ideal, &exact_weights}, threads, res);
-    if (model && opt.requant_terms) {
-      std::vector<ExpertSlots> ex;
-      for (const ExpertJob& j : jobs) ex.push_back({j.expert, &j.slots});
-      requant_projections(p, rt, bc.requant, ex, threads, load_mutex, res);
-    }
-    for (const ExpertJob& j : jobs) {
-      res.gemm_flops += 2.0 * static_cast<double>(j.slots.size()) * double(H) * double(3 * c.intermediate_size);
-      ran[j.expert] = 1;
-    }
+// Where chunk [t0, t0 + nt)'s slot outputs, budgets and ideal-tier sums go; the budget context
+// pointed at the chunk's per-slot arrays.
+struct ChunkBuffers {
+  double* slots;
+  double* budget;  // null without a model
+  double* ideal;   // null without the ideal bound
+};
+ChunkBuffers chunk_buffers(const MoeProblem& p, int64_t t0, int64_t nt, ForwardRun& run, ForwardResult& res) {
+  const int64_t k = p.config.top_k, H = p.config.hidden_size;
+  ChunkBuffers b{};
+  b.budget = run.model ? res.slot_budget.data() + t0 * k * H : nullptr;
+  b.ideal = run.ideal_bound ? run.slot_ideal_all.data() + t0 * k * H : nullptr;
+  if (run.model) {
+    run.bc.slot_sys = res.slot_flip_projection.data() + t0 * k, run.bc.slot_var = res.slot_noise_var.data() + t0 * k * H;
+    run.bc.slot_tail = res.slot_flip_tail.data() + t0 * k * kFlipTailWidth;
+    run.bc.slot_energy_tail = res.slot_energy_tail.data() + t0 * k * kEnergyTailWidth;
   }
-  res.experts_run = std::count(ran.begin(), ran.end(), 1);
+  if (run.keep_slots) {
+    b.slots = res.expert_outputs.data() + t0 * k * H;
+  } else {
+    run.chunk_slots.assign(static_cast<size_t>(nt * k * H), 0.0);
+    b.slots = run.chunk_slots.data();
+  }
+  return b;
+}
+
+// The chunk's experts, on the worker threads.
+void run_chunk_experts(const MoeProblem& p, const ForwardOptions& opt, const QuantizedHidden& qh,
+                       const std::vector<ExpertJob>& jobs, int64_t t0, const ChunkBuffers& b, ForwardRun& run) {
+  std::atomic<int64_t> done{0};
+  parallel_jobs<Scratch>(jobs.size(), run.threads, [&](size_t i, Scratch& s) {
+    ExpertView w;
+    {
+      std::lock_guard<std::mutex> lock(run.load_mutex);
+      w = p.load_expert(jobs[i].expert);
+    }
+    run_expert(p, opt.tier, w, jobs[i], t0, p.config.top_k, qh, b.slots, b.budget, b.ideal, run.bc, opt.products, s);
+    const int64_t d = ++done;
+    if (opt.progress) {
+      std::lock_guard<std::mutex> lock(run.load_mutex);
+      opt.progress(d, static_cast<int64_t>(jobs.size()));
+    }
+  });
+}
+
+// The chunk's combine, its re-quantization projections (with a model that asks for them), and
+// the counts of products and experts run.
+void finish_chunk(const MoeProblem& p, const ForwardOptions& opt, const std::vector<ExpertJob>& jobs, int64_t t0,
+                  int64_t nt, const ChunkBuffers& b, const std::vector<double>& exact_weights, ForwardRun& run,
+                  ForwardResult& res) {
+  const MoeConfig& c = p.config;
+  const Routing& rt = res.routing;
+  combine_chunk(c, rt, run.model, {t0, nt, b.slots, b.budget, b.ideal, &exact_weights}, run.threads, res);
+  if (run.model && opt.requant_terms) {
+    std::vector<ExpertSlots> ex;
+    for (const ExpertJob& j : jobs) ex.push_back({j.expert, &j.slots});
+    requant_projections(p, rt, run.bc.requant, ex, run.threads, run.load_mutex, res);
+  }
+  for (const ExpertJob& j : jobs) {
+    res.gemm_flops +=
+        2.0 * static_cast<double>(j.slots.size()) * double(c.hidden_size) * double(3 * c.intermediate_size);
+    run.ran[j.expert] = 1;
+  }
+}
+
+}  // namespace
+
+ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
+  check_forward_arguments(p, opt);
+  ForwardResult res;
+  res.tier = opt.tier;
+  std::vector<double> exact_weights;  // before the quantized tier's rounding
+  res.routing = forward_routing(p, opt, exact_weights);
+  require_stored_experts(p, res.routing);
+  QuantizedHidden qh;
+  if (opt.tier == Tier::quantized) quantize_hidden(p, qh);
+  ForwardRun run;
+  set_up_run(p, opt, qh, run, res);
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += run.chunk) {
+    const int64_t nt = std::min(run.chunk, p.tokens - t0);
+    const std::vector<ExpertJob> jobs = plan_chunk(p.config, res.routing, t0, nt);
+    const ChunkBuffers b = chunk_buffers(p, t0, nt, run, res);
+    run_chunk_experts(p, opt, qh, jobs, t0, b, run);
+    finish_chunk(p, opt, jobs, t0, nt, b, exact_weights, run, res);
+  }
+  res.experts_run = std::count(run.ran.begin(), run.ran.end(), 1);
   return res;
 }
 
