@@ -297,36 +297,41 @@ std::string scatter_svg(const CompareResult& r, const OutputData* data, size_t i
 }
 
 // ---- token x hidden-block heatmap ----------------------------------------------------------------
-std::string heatmap_svg(const CompareResult& r) {
-  constexpr int W = 580, H = 440, L = 64, R = 16, T = 26, B = 74;
-  const size_t n = size_t(r.tokens * r.hidden);
-  std::string s = svg_open("heatmap", W, H, "max ratio per token and 128-column block, output " + r.name);
-  if (r.ratio.size() != n || n == 0)
-    return s + "<text x='20' y='40'>not available: the ratios were not kept</text></svg>";
-  const int64_t rows = std::min(r.tokens, kMaxHeatRows), blocks = (r.hidden + kHeatBlock - 1) / kHeatBlock;
-  // Classes: 0 exactly, then decades up to 1, then over-budget bands.
-  static constexpr double kEdge[] = {0, 1e-3, 1e-2, 1e-1, 0.5, 1, 10, 1000};
-  static constexpr const char* kColor[] = {"#ffffff", "#eef4fa", "#d4e4f2", "#a9c9e4", "#6fa3d0",
-                                           "#2f6fb0", "#fdae61", "#f46d43", "#a50026"};
-  static constexpr const char* kLabel[] = {"0", "&le;1e-3", "&le;0.01", "&le;0.1", "&le;0.5",
-                                           "&le;1", "&le;10", "&le;1e3", "&gt;1e3"};
-  static constexpr int kLabelChars[] = {1, 5, 5, 4, 4, 2, 3, 4, 4};  // as displayed, for the legend layout
-  constexpr int kClasses = 9;
-  auto cls = [&](double v) {
-    int c = 0;
-    while (c < kClasses - 1 && v > kEdge[c]) ++c;
-    return c;
-  };
+namespace {
+
+// Classes of a cell's max ratio: 0 exactly, then decades up to 1, then over-budget bands.
+constexpr double kHeatEdge[] = {0, 1e-3, 1e-2, 1e-1, 0.5, 1, 10, 1000};
+constexpr const char* kHeatColor[] = {"#ffffff", "#eef4fa", "#d4e4f2", "#a9c9e4", "#6fa3d0",
+                                      "#2f6fb0", "#fdae61", "#f46d43", "#a50026"};
+constexpr const char* kHeatLabel[] = {"0", "&le;1e-3", "&le;0.01", "&le;0.1", "&le;0.5",
+                                      "&le;1", "&le;10", "&le;1e3", "&gt;1e3"};
+constexpr int kHeatLabelChars[] = {1, 5, 5, 4, 4, 2, 3, 4, 4};  // as displayed, for the legend layout
+constexpr int kHeatClasses = 9;
+
+int heat_class(double v) {
+  int c = 0;
+  while (c < kHeatClasses - 1 && v > kHeatEdge[c]) ++c;
+  return c;
+}
+
+// The class of each (row, block) cell [rows, blocks]: the highest of its ratios' classes, a row
+// holding tokens t with t rows / T = row; NaN counts as infinite.
+std::vector<int> heat_cells(const CompareResult& r, int64_t rows, int64_t blocks) {
   std::vector<int> cell(size_t(rows * blocks), 0);
   for (int64_t t = 0; t < r.tokens; ++t) {
     const int64_t row = t * rows / r.tokens;
     for (int64_t h = 0; h < r.hidden; ++h) {
       const float v = r.ratio[t * r.hidden + h];
       int& c = cell[row * blocks + h / kHeatBlock];
-      c = std::max(c, cls(std::isnan(v) ? kInf : double(v)));
+      c = std::max(c, heat_class(std::isnan(v) ? kInf : double(v)));
     }
   }
-  std::vector<std::string> paths(kClasses);
+  return cell;
+}
+
+// One path per class (class 0 is the background), each a run of equal cells in a row as one rectangle.
+std::vector<std::string> heat_paths(const std::vector<int>& cell, int64_t rows, int64_t blocks) {
+  std::vector<std::string> paths(kHeatClasses);
   for (int64_t y = 0; y < rows; ++y)
     for (int64_t b = 0; b < blocks;) {
       const int c = cell[y * blocks + b];
@@ -335,35 +340,66 @@ std::string heatmap_svg(const CompareResult& r) {
       if (c > 0) paths[c] += fmt::format("M{} {}h{}v1h-{}z", b, y, e - b, e - b);
       b = e;
     }
-  const int pw = W - L - R, ph = H - T - B;
-  s += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='{}'/>", L, T, pw, ph, kColor[0]);
-  s += fmt::format("<svg x='{}' y='{}' width='{}' height='{}' viewBox='0 0 {} {}' preserveAspectRatio='none' "
-                   "shape-rendering='crispEdges'>",
-                   L, T, pw, ph, blocks, rows);
-  for (int c = 1; c < kClasses; ++c)
-    if (!paths[c].empty()) s += fmt::format("<path class='heat-{}' d='{}' fill='{}'/>", c, paths[c], kColor[c]);
-  s += "</svg>";
-  s += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' class='frame'/>", L, T, pw, ph);
+  return paths;
+}
+
+// The plot's frame position and size (pixels) and its grid (rows x blocks).
+struct HeatFrame {
+  int left, top, width, height;
+  int64_t rows, blocks;
+};
+
+std::string heat_axes(const CompareResult& r, const HeatFrame& f) {
+  std::string s;
   for (int i = 0; i <= 8; ++i) {  // token ticks
-    const int64_t row = std::min<int64_t>(rows - 1, i * rows / 8);
-    const double y = T + (row + 0.5) * ph / double(rows);
-    s += fmt::format("<text x='{}' y='{}' class='tick' text-anchor='end'>{}</text>", L - 4, f1(y + 3),
-                     row * r.tokens / rows);
+    const int64_t row = std::min<int64_t>(f.rows - 1, i * f.rows / 8);
+    const double y = f.top + (row + 0.5) * f.height / double(f.rows);
+    s += fmt::format("<text x='{}' y='{}' class='tick' text-anchor='end'>{}</text>", f.left - 4, f1(y + 3),
+                     row * r.tokens / f.rows);
   }
-  const int64_t xstep = std::max<int64_t>(1, (blocks + 7) / 8);
-  for (int64_t b = 0; b < blocks; b += xstep)
-    s += fmt::format("<text x='{}' y='{}' class='tick' text-anchor='middle'>{}</text>", f1(L + (b + 0.5) * pw / double(blocks)),
-                     T + ph + 14, b * kHeatBlock);
-  s += fmt::format("<text x='{}' y='{}' class='label' text-anchor='middle'>hidden column (block start)</text>", L + pw / 2,
-                   T + ph + 30);
+  const int64_t xstep = std::max<int64_t>(1, (f.blocks + 7) / 8);
+  for (int64_t b = 0; b < f.blocks; b += xstep)
+    s += fmt::format("<text x='{}' y='{}' class='tick' text-anchor='middle'>{}</text>",
+                     f1(f.left + (b + 0.5) * f.width / double(f.blocks)), f.top + f.height + 14, b * kHeatBlock);
+  s += fmt::format("<text x='{}' y='{}' class='label' text-anchor='middle'>hidden column (block start)</text>",
+                   f.left + f.width / 2, f.top + f.height + 30);
   s += fmt::format("<text transform='translate(14 {}) rotate(-90)' class='label' text-anchor='middle'>token</text>",
-                   T + ph / 2);
-  s += fmt::format("<g class='legend'><text x='{}' y='{}' text-anchor='end'>max ratio</text>", L - 6, H - 16);
-  for (int c = 0, x = L; c < kClasses; x += 15 + 7 * kLabelChars[c] + 10, ++c)
+                   f.top + f.height / 2);
+  return s;
+}
+
+std::string heat_legend(int left, int bottom) {
+  std::string s = fmt::format("<g class='legend'><text x='{}' y='{}' text-anchor='end'>max ratio</text>", left - 6,
+                              bottom - 16);
+  for (int c = 0, x = left; c < kHeatClasses; x += 15 + 7 * kHeatLabelChars[c] + 10, ++c)
     s += fmt::format("<rect x='{}' y='{}' width='12' height='12' fill='{}' stroke='#999' stroke-width='0.5'/>"
                      "<text x='{}' y='{}'>{}</text>",
-                     x, H - 26, kColor[c], x + 15, H - 16, kLabel[c]);
-  s += "</g></svg>";
+                     x, bottom - 26, kHeatColor[c], x + 15, bottom - 16, kHeatLabel[c]);
+  return s + "</g>";
+}
+
+}  // namespace
+
+std::string heatmap_svg(const CompareResult& r) {
+  constexpr int W = 580, H = 440, L = 64, R = 16, T = 26, B = 74;
+  const size_t n = size_t(r.tokens * r.hidden);
+  std::string s = svg_open("heatmap", W, H, "max ratio per token and 128-column block, output " + r.name);
+  if (r.ratio.size() != n || n == 0)
+    return s + "<text x='20' y='40'>not available: the ratios were not kept</text></svg>";
+  const int64_t rows = std::min(r.tokens, kMaxHeatRows), blocks = (r.hidden + kHeatBlock - 1) / kHeatBlock;
+  const std::vector<std::string> paths = heat_paths(heat_cells(r, rows, blocks), rows, blocks);
+  const HeatFrame f{L, T, W - L - R, H - T - B, rows, blocks};
+  s += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='{}'/>", L, T, f.width, f.height, kHeatColor[0]);
+  s += fmt::format("<svg x='{}' y='{}' width='{}' height='{}' viewBox='0 0 {} {}' preserveAspectRatio='none' "
+                   "shape-rendering='crispEdges'>",
+                   L, T, f.width, f.height, blocks, rows);
+  for (int c = 1; c < kHeatClasses; ++c)
+    if (!paths[c].empty()) s += fmt::format("<path class='heat-{}' d='{}' fill='{}'/>", c, paths[c], kHeatColor[c]);
+  s += "</svg>";
+  s += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' class='frame'/>", L, T, f.width, f.height);
+  s += heat_axes(r, f);
+  s += heat_legend(L, H);
+  s += "</svg>";
   s += fmt::format("<p class='caption'>Max ratio per (token, {}-column block): {} tokens in {} rows{}, {} blocks; "
                    "infinite and NaN ratios count as &gt;1e3.</p>",
                    kHeatBlock, r.tokens, rows,
