@@ -193,78 +193,97 @@ std::string tail_of(const std::string& log) {
 }
 
 // ---- step 5: the output file ----------------------------------------------------------------
-// Reads <out>: exactly one group under /outputs, checked against FORMAT.md's /outputs/<name>
-// specs with the case's T, k and H. Throws InputError(out, where, rule) for a malformed file.
-BackendOutput read_output_file(const std::string& out, const CaseProblem& cp, bool expert_outputs) {
+void require_hdf5_file(const std::string& out) {
   std::error_code ec;
   if (!fs::exists(out, ec)) throw InputError(out, "", "the command wrote no output file");
   if (!fs::is_regular_file(out, ec)) throw InputError(out, "", "not a regular file");
   if (H5Fis_hdf5(out.c_str()) <= 0) throw InputError(out, "", "not an HDF5 file (no HDF5 signature)");
+}
+
+// The one group under /outputs, and its name.
+std::pair<std::string, H5::Group> only_output_group(const H5::H5File& f, const std::string& out) {
+  if (!f.nameExists("outputs")) throw InputError(out, "/outputs", "required group missing");
+  const H5::Group outputs = h5::guard(out, "/outputs", [&] { return f.openGroup("outputs"); });
+  const std::vector<h5::Member> groups = h5::members(outputs, out, "/outputs");
+  if (groups.size() != 1)
+    throw InputError(out, "/outputs", fmt::format("must hold exactly one output group, got {}", groups.size()));
+  const std::string name = groups.front().name, gp = "/outputs/" + name;
+  if (!is_valid_output_name(name)) throw InputError(out, gp, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -");
+  if (groups.front().kind != h5::LinkKind::group)
+    throw InputError(out, gp, "must be a group, got a " + h5::to_string(groups.front().kind));
+  return {name, outputs.openGroup(name)};
+}
+
+// The group's budget_model and device attributes (others are ignored).
+void read_output_attributes(const H5::Group& g, const std::string& out, const std::string& gp, BackendOutput& r) {
+  for (const std::string& a : h5::attribute_names(g, out, gp)) {
+    const std::string where = gp + "@" + a;
+    if (a == "budget_model") {
+      r.budget_model = h5::read_string_attr(g.openAttribute(a), out, where);
+      if (!try_parse_budget_model(r.budget_model))
+        throw InputError(out, where, fmt::format("must be {}, got '{}'", budget_model_names(), r.budget_model));
+    } else if (a == "device") {
+      r.device = h5::read_string_attr(g.openAttribute(a), out, where);
+    }
+  }
+}
+
+// Member m of the group, checked against its spec (a dataset, its encoding, shape and storage),
+// into r; expert_outputs only when asked for.
+void read_output_dataset(const H5::Group& g, const h5::Member& m, const std::vector<layout::Spec>& specs,
+                         const std::string& out, const std::string& gp, bool expert_outputs, BackendOutput& r) {
+  const std::string p = gp + "/" + m.name;
+  const layout::Spec* s = layout::find_spec(specs, m.name);
+  if (!s) throw InputError(out, p, fmt::format("unknown dataset (this group holds only {})", layout::spec_names(specs)));
+  if (m.kind != h5::LinkKind::dataset) throw InputError(out, p, "must be a dataset, got a " + h5::to_string(m.kind));
+  const H5::DataSet ds = g.openDataSet(m.name);
+  const std::string dtype = layout::check_encoding(ds, s->enc, out, p);
+  const std::vector<uint64_t> dims = h5::extent(ds);
+  bool shape_ok = dims.size() == s->shape.size();
+  for (size_t i = 0; shape_ok && i < dims.size(); ++i) shape_ok = int64_t(dims[i]) == s->shape[i].value;
+  if (!shape_ok)
+    throw InputError(out, p, fmt::format("shape must be {}, got {}", layout::shape_text(s->shape), h5::shape_text(dims)));
+  if (const std::string sp = h5::storage_problem(ds); !sp.empty()) throw InputError(out, p, sp);
+  const std::vector<uint64_t> zero(dims.size(), 0);
+  const bool bf16 = dtype == "bfloat16";
+  auto floats = [&] {
+    if (!bf16) return h5::read_box_as<float>(ds, H5::PredType::NATIVE_FLOAT, zero, dims, out, p);
+    const auto bits = h5::read_box_as<uint16_t>(ds, H5::PredType::NATIVE_UINT16, zero, dims, out, p);
+    std::vector<float> v(bits.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_decode(bits[i]);
+    return v;
+  };
+  if (m.name == "output") {
+    if (bf16) r.output_bf16 = h5::read_box_as<uint16_t>(ds, H5::PredType::NATIVE_UINT16, zero, dims, out, p);
+    else r.output_f32 = floats();
+  } else if (m.name == "topk_ids") {
+    r.topk_ids = h5::read_box_as<int32_t>(ds, H5::PredType::NATIVE_INT32, zero, dims, out, p);
+  } else if (m.name == "topk_weights") {
+    r.topk_weights = floats();
+  } else if (m.name == "expert_outputs" && expert_outputs) {
+    r.expert_outputs = floats();
+    r.expert_outputs_bf16 = bf16;
+  }
+}
+
+// Reads <out>: exactly one group under /outputs, checked against FORMAT.md's /outputs/<name>
+// specs with the case's T, k and H. Throws InputError(out, where, rule) for a malformed file.
+BackendOutput read_output_file(const std::string& out, const CaseProblem& cp, bool expert_outputs) {
+  require_hdf5_file(out);
   h5::silence();
   return h5::guard(out, "", [&] {
     H5::FileAccPropList fapl;
     H5Pset_file_locking(fapl.getId(), false, true);
     const H5::H5File f(out, H5F_ACC_RDONLY, H5::FileCreatPropList::DEFAULT, fapl);
-    if (!f.nameExists("outputs")) throw InputError(out, "/outputs", "required group missing");
-    const H5::Group outputs = h5::guard(out, "/outputs", [&] { return f.openGroup("outputs"); });
-    const std::vector<h5::Member> groups = h5::members(outputs, out, "/outputs");
-    if (groups.size() != 1)
-      throw InputError(out, "/outputs", fmt::format("must hold exactly one output group, got {}", groups.size()));
-    const std::string name = groups.front().name, gp = "/outputs/" + name;
-    if (!is_valid_output_name(name)) throw InputError(out, gp, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -");
-    if (groups.front().kind != h5::LinkKind::group)
-      throw InputError(out, gp, "must be a group, got a " + h5::to_string(groups.front().kind));
-    const H5::Group g = outputs.openGroup(name);
-
+    const auto [name, g] = only_output_group(f, out);
+    const std::string gp = "/outputs/" + name;
     BackendOutput r;
     const MoeConfig& c = cp.config();
     r.tokens = cp.tokens(), r.hidden = c.hidden_size, r.top_k = c.top_k;
     r.device = "external command";
-    for (const std::string& a : h5::attribute_names(g, out, gp)) {
-      const std::string where = gp + "@" + a;
-      if (a == "budget_model") {
-        r.budget_model = h5::read_string_attr(g.openAttribute(a), out, where);
-        if (!try_parse_budget_model(r.budget_model))
-          throw InputError(out, where, fmt::format("must be {}, got '{}'", budget_model_names(), r.budget_model));
-      } else if (a == "device") {
-        r.device = h5::read_string_attr(g.openAttribute(a), out, where);
-      }
-    }
+    read_output_attributes(g, out, gp, r);
     const std::vector<layout::Spec> specs = layout::output_specs(c, true, cp.tokens());
-    for (const h5::Member& m : h5::members(g, out, gp)) {
-      const std::string p = gp + "/" + m.name;
-      const layout::Spec* s = layout::find_spec(specs, m.name);
-      if (!s) throw InputError(out, p, fmt::format("unknown dataset (this group holds only {})", layout::spec_names(specs)));
-      if (m.kind != h5::LinkKind::dataset) throw InputError(out, p, "must be a dataset, got a " + h5::to_string(m.kind));
-      const H5::DataSet ds = g.openDataSet(m.name);
-      const std::string dtype = layout::check_encoding(ds, s->enc, out, p);
-      const std::vector<uint64_t> dims = h5::extent(ds);
-      bool shape_ok = dims.size() == s->shape.size();
-      for (size_t i = 0; shape_ok && i < dims.size(); ++i) shape_ok = int64_t(dims[i]) == s->shape[i].value;
-      if (!shape_ok)
-        throw InputError(out, p, fmt::format("shape must be {}, got {}", layout::shape_text(s->shape), h5::shape_text(dims)));
-      if (const std::string sp = h5::storage_problem(ds); !sp.empty()) throw InputError(out, p, sp);
-      const std::vector<uint64_t> zero(dims.size(), 0);
-      const bool bf16 = dtype == "bfloat16";
-      auto floats = [&] {
-        if (!bf16) return h5::read_box_as<float>(ds, H5::PredType::NATIVE_FLOAT, zero, dims, out, p);
-        const auto bits = h5::read_box_as<uint16_t>(ds, H5::PredType::NATIVE_UINT16, zero, dims, out, p);
-        std::vector<float> v(bits.size());
-        for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_decode(bits[i]);
-        return v;
-      };
-      if (m.name == "output") {
-        if (bf16) r.output_bf16 = h5::read_box_as<uint16_t>(ds, H5::PredType::NATIVE_UINT16, zero, dims, out, p);
-        else r.output_f32 = floats();
-      } else if (m.name == "topk_ids") {
-        r.topk_ids = h5::read_box_as<int32_t>(ds, H5::PredType::NATIVE_INT32, zero, dims, out, p);
-      } else if (m.name == "topk_weights") {
-        r.topk_weights = floats();
-      } else if (m.name == "expert_outputs" && expert_outputs) {
-        r.expert_outputs = floats();
-        r.expert_outputs_bf16 = bf16;
-      }
-    }
+    for (const h5::Member& m : h5::members(g, out, gp)) read_output_dataset(g, m, specs, out, gp, expert_outputs, r);
     if (r.output_bf16.empty() && r.output_f32.empty()) throw InputError(out, gp + "/output", "required dataset missing");
     return r;
   });
