@@ -75,8 +75,7 @@ std::vector<double> weights_unchecked(const MoeConfig& c, const TokenScores& s, 
   return w;
 }
 
-TokenScores scores_unchecked(const MoeConfig& c, const float* logits, const float* bias) {
-  const int64_t E = c.num_experts;
+void require_finite_scores_inputs(int64_t E, const float* logits, const float* bias) {
   for (int64_t e = 0; e < E; ++e) {
     if (!std::isfinite(logits[e]))
       throw std::invalid_argument(fmt::format("moe_routing: router logit of expert {} is {} (must be finite)", e,
@@ -85,69 +84,83 @@ TokenScores scores_unchecked(const MoeConfig& c, const float* logits, const floa
       throw std::invalid_argument(fmt::format("moe_routing: routing bias of expert {} is {} (must be finite)", e,
                                               bias[e]));
   }
+}
+
+// deepseek_v3 and sigmoid_renormalize: the bias moves the selection only; the weight keeps the
+// unbiased sigmoid.
+void sigmoid_scores(int64_t E, const float* logits, const float* bias, TokenScores& s) {
+  for (int64_t e = 0; e < E; ++e) {
+    const double b = bias ? double(bias[e]) : 0.0;
+    s.gate[e] = sigmoid(double(logits[e]));
+    s.sel[e] = s.gate[e] + b;
+    s.magnitude[e] = std::abs(s.gate[e]) + std::abs(b);
+  }
+}
+
+// renormalize and softmax_topk: softmax with the maximum subtracted: every exponent is <= 0, so no
+// overflow, and the maximum's term is exactly 1, so the sum is >= 1. l - max of two floats is
+// exact in double for any realistic logits (exponents less than 29 binades apart).
+void softmax_scores(int64_t E, const float* logits, TokenScores& s) {
+  double m = double(logits[0]);
+  for (int64_t e = 1; e < E; ++e) m = std::max(m, double(logits[e]));
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    s.gate[e] = std::exp(double(logits[e]) - m);
+    sum += s.gate[e];  // index order
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    s.gate[e] /= sum;
+    s.sel[e] = s.gate[e];
+    s.magnitude[e] = s.gate[e];
+  }
+}
+
+// llama4: selection by the logit, the weight its sigmoid.
+void llama4_scores(int64_t E, const float* logits, TokenScores& s) {
+  for (int64_t e = 0; e < E; ++e) {
+    s.sel[e] = double(logits[e]);
+    s.gate[e] = sigmoid(double(logits[e]));
+    s.magnitude[e] = std::abs(s.sel[e]);
+  }
+}
+
+// Group score: sum of the two best sel of the group (by the ranking order, so tied values pick the
+// lower ids and their magnitudes deterministically).
+void group_scores(const MoeConfig& c, TokenScores& s) {
+  const int64_t per = c.num_experts / c.n_group;
+  const Better better{s.sel};
+  s.group_score.resize(c.n_group);
+  s.group_magnitude.resize(c.n_group);
+  for (int64_t g = 0; g < c.n_group; ++g) {
+    int32_t first = int32_t(g * per), second = -1;
+    for (int32_t e = first + 1; e < int32_t((g + 1) * per); ++e) {
+      if (better(e, first)) {
+        second = first;
+        first = e;
+      } else if (second < 0 || better(e, second)) {
+        second = e;
+      }
+    }
+    s.group_score[g] = second < 0 ? s.sel[first] : s.sel[first] + s.sel[second];
+    s.group_magnitude[g] = second < 0 ? s.magnitude[first] : s.magnitude[first] + s.magnitude[second];
+  }
+}
+
+TokenScores scores_unchecked(const MoeConfig& c, const float* logits, const float* bias) {
+  const int64_t E = c.num_experts;
+  require_finite_scores_inputs(E, logits, bias);
   TokenScores s;
   s.sel.resize(E);
   s.gate.resize(E);
   s.magnitude.resize(E);
   switch (c.routing) {
     case RoutingMethod::deepseek_v3:
-    case RoutingMethod::sigmoid_renormalize:
-      // The bias moves the selection only; the weight keeps the unbiased sigmoid.
-      for (int64_t e = 0; e < E; ++e) {
-        const double b = bias ? double(bias[e]) : 0.0;
-        s.gate[e] = sigmoid(double(logits[e]));
-        s.sel[e] = s.gate[e] + b;
-        s.magnitude[e] = std::abs(s.gate[e]) + std::abs(b);
-      }
-      break;
+    case RoutingMethod::sigmoid_renormalize: sigmoid_scores(E, logits, bias, s); break;
     case RoutingMethod::renormalize:
-    case RoutingMethod::softmax_topk: {
-      // softmax with the maximum subtracted: every exponent is <= 0, so no overflow, and the
-      // maximum's term is exactly 1, so the sum is >= 1. l - max of two floats is exact in
-      // double for any realistic logits (exponents less than 29 binades apart).
-      double m = double(logits[0]);
-      for (int64_t e = 1; e < E; ++e) m = std::max(m, double(logits[e]));
-      double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) {
-        s.gate[e] = std::exp(double(logits[e]) - m);
-        sum += s.gate[e];  // index order
-      }
-      for (int64_t e = 0; e < E; ++e) {
-        s.gate[e] /= sum;
-        s.sel[e] = s.gate[e];
-        s.magnitude[e] = s.gate[e];
-      }
-      break;
-    }
-    case RoutingMethod::llama4:
-      for (int64_t e = 0; e < E; ++e) {
-        s.sel[e] = double(logits[e]);
-        s.gate[e] = sigmoid(double(logits[e]));
-        s.magnitude[e] = std::abs(s.sel[e]);
-      }
-      break;
+    case RoutingMethod::softmax_topk: softmax_scores(E, logits, s); break;
+    case RoutingMethod::llama4: llama4_scores(E, logits, s); break;
   }
-  if (grouped(c)) {
-    // Group score: sum of the two best sel of the group (by the ranking order, so tied values
-    // pick the lower ids and their magnitudes deterministically).
-    const int64_t per = E / c.n_group;
-    const Better better{s.sel};
-    s.group_score.resize(c.n_group);
-    s.group_magnitude.resize(c.n_group);
-    for (int64_t g = 0; g < c.n_group; ++g) {
-      int32_t first = int32_t(g * per), second = -1;
-      for (int32_t e = first + 1; e < int32_t((g + 1) * per); ++e) {
-        if (better(e, first)) {
-          second = first;
-          first = e;
-        } else if (second < 0 || better(e, second)) {
-          second = e;
-        }
-      }
-      s.group_score[g] = second < 0 ? s.sel[first] : s.sel[first] + s.sel[second];
-      s.group_magnitude[g] = second < 0 ? s.magnitude[first] : s.magnitude[first] + s.magnitude[second];
-    }
-  }
+  if (grouped(c)) group_scores(c, s);
   return s;
 }
 
