@@ -200,8 +200,12 @@ void require_hdf5_file(const std::string& out) {
   if (H5Fis_hdf5(out.c_str()) <= 0) throw InputError(out, "", "not an HDF5 file (no HDF5 signature)");
 }
 
-// The one group under /outputs, and its name.
-std::pair<std::string, H5::Group> only_output_group(const H5::H5File& f, const std::string& out) {
+// The one group under /outputs, and its path.
+struct OutputGroup {
+  std::string path;  // "/outputs/<name>"
+  H5::Group group;
+};
+OutputGroup only_output_group(const H5::H5File& f, const std::string& out) {
   if (!f.nameExists("outputs")) throw InputError(out, "/outputs", "required group missing");
   const H5::Group outputs = h5::guard(out, "/outputs", [&] { return f.openGroup("outputs"); });
   const std::vector<h5::Member> groups = h5::members(outputs, out, "/outputs");
@@ -211,7 +215,7 @@ std::pair<std::string, H5::Group> only_output_group(const H5::H5File& f, const s
   if (!is_valid_output_name(name)) throw InputError(out, gp, "output names are 1-128 characters of A-Z a-z 0-9 _ . : + -");
   if (groups.front().kind != h5::LinkKind::group)
     throw InputError(out, gp, "must be a group, got a " + h5::to_string(groups.front().kind));
-  return {name, outputs.openGroup(name)};
+  return {gp, outputs.openGroup(name)};
 }
 
 // The group's budget_model and device attributes (others are ignored).
@@ -275,8 +279,7 @@ BackendOutput read_output_file(const std::string& out, const CaseProblem& cp, bo
     H5::FileAccPropList fapl;
     H5Pset_file_locking(fapl.getId(), false, true);
     const H5::H5File f(out, H5F_ACC_RDONLY, H5::FileCreatPropList::DEFAULT, fapl);
-    const auto [name, g] = only_output_group(f, out);
-    const std::string gp = "/outputs/" + name;
+    const auto [gp, g] = only_output_group(f, out);
     BackendOutput r;
     const MoeConfig& c = cp.config();
     r.tokens = cp.tokens(), r.hidden = c.hidden_size, r.top_k = c.top_k;
