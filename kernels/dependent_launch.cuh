@@ -79,9 +79,10 @@ class DependentLaunchScope {
 };
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the work before
-// it in the stream where the scope asks for it. `name` names the launch in the error.
+// it in the stream where the scope asks for it. `kernel_name` names the kernel; a failed launch
+// throws CudaError("launch of <kernel_name>").
 template <typename... Params, typename... Args>
-void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+void launch_dependent(const char* kernel_name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -93,7 +94,8 @@ void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, di
   cfg.stream = stream;
   cfg.attrs = &attr;
   cfg.numAttrs = dependent_launch_in_scope() && dependent_launch_allowed_by_environment() ? 1 : 0;
-  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name, __FILE__, __LINE__);
+  const cudaError_t code = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (code != cudaSuccess) throw CudaError(std::string("launch of ") + kernel_name, code, __FILE__, __LINE__);
 }
 
 }  // namespace moecheck::kernels

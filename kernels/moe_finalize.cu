@@ -72,7 +72,7 @@ void launch_moe_finalize(const float* gemm2_out, const int32_t* slot_to_row, con
   if (expert_outputs != nullptr) require_ptr(expert_outputs, who, "expert_outputs", 16);
   // One block per token and 1024 columns: a decode step's few tokens still fill several SMs.
   const dim3 grid(grid_x(tokens, who), static_cast<unsigned>((hidden + kThreads * 4 - 1) / (kThreads * 4)));
-  launch_dependent("launch of moe_finalize_kernel", moe_finalize_kernel, grid, kThreads, 0, stream, gemm2_out,
+  launch_dependent("moe_finalize_kernel", moe_finalize_kernel, grid, kThreads, 0, stream, gemm2_out,
                    slot_to_row, topk_weights, top_k, hidden, out_bf16, expert_outputs);
 }
 

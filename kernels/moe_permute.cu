@@ -192,7 +192,7 @@ void launch_gather_rows(const uint8_t* codes, const float* scales, ScaleLayout s
   require_ptr(plan.slot_to_row, who, "slot_to_row", 4);
   require_ptr(codes, who, "hidden codes", 16);
   require_ptr(scales, who, "hidden scales", 4);
-  launch_dependent("launch of gather_rows_kernel", gather_rows_kernel, grid_x(tokens * top_k, who), 128, 0, stream,
+  launch_dependent("gather_rows_kernel", gather_rows_kernel, grid_x(tokens * top_k, who), 128, 0, stream,
                    codes, scales, scale_layout == ScaleLayout::transposed, tokens, hidden, top_k,
                    static_cast<const int32_t*>(plan.slot_to_row), a_codes, a_scales);
 }

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_prologue_kernel(routing::Rout
   const int64_t T = rp.tokens;
   if (warp < T)
     routing::route_token(rp, a.logits + warp * static_cast<int64_t>(rp.experts), a.bias,
-                         smem + static_cast<size_t>(warp) * (2 * rp.experts + rp.n_group), a.ids + warp * rp.top_k,
+                         routing::warp_scratch(smem, rp, warp), a.ids + warp * rp.top_k,
                          a.weights + warp * rp.top_k);
   if (a.hidden != nullptr) {
     const int64_t groups = a.hidden_size / device::kGroup;
@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_prologue_kernel(routing::Rout
 
 bool moe_prologue_fits(const MoeConfig& c, int64_t tokens) {
   if (tokens < 1 || tokens > kPrologueMaxTokens || tokens * c.top_k > permute::kFusedMaxSlots) return false;
-  const bool grouped = c.routing == RoutingMethod::deepseek_v3 && c.n_group > 1;
-  const size_t per_warp = (2 * static_cast<size_t>(c.num_experts) + (grouped ? c.n_group : 1)) * 4;
+  const size_t per_warp = routing::warp_scratch_floats(c.num_experts, routing::routing_group_count(c)) * 4;
   const size_t smem = std::max(static_cast<size_t>(tokens) * per_warp,
                                permute::permute_block_smem_bytes(c.local_experts(), tokens * c.top_k));
   return smem <= kSmemLimit;

@@ -56,7 +56,7 @@ RoutingParams routing_params(const MoeConfig& c, const float* bias, int64_t toke
   if (c.top_k < 1 || c.top_k > kMaxTopK || c.top_k > c.num_experts)
     throw std::invalid_argument("moe_routing: top_k must be in [1, min(num_experts, " + std::to_string(kMaxTopK) +
                                 ")], got " + std::to_string(c.top_k));
-  const bool grouped = c.routing == RoutingMethod::deepseek_v3 && c.n_group > 1;
+  const bool grouped = routing_group_count(c) > 1;
   if (grouped && (c.num_experts % c.n_group != 0 || c.topk_group < 1 || c.topk_group > c.n_group ||
                   c.top_k > c.topk_group * (c.num_experts / c.n_group)))
     throw std::invalid_argument("moe_routing: invalid grouping (n_group " + std::to_string(c.n_group) +
@@ -69,7 +69,7 @@ RoutingParams routing_params(const MoeConfig& c, const float* bias, int64_t toke
   RoutingParams p{};
   p.experts = static_cast<int>(c.num_experts);
   p.top_k = static_cast<int>(c.top_k);
-  p.n_group = grouped ? static_cast<int>(c.n_group) : 1;
+  p.n_group = routing_group_count(c);
   p.topk_group = grouped ? static_cast<int>(c.topk_group) : 1;
   p.method = method_code(c.routing);
   p.rsf = static_cast<float>(c.routed_scaling_factor);
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) moe_routing_kernel(const float
   const int warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
   if (t >= p.tokens) return;  // whole warps leave together
-  route_token(p, logits + t * p.experts, bias, smem + static_cast<size_t>(warp) * (2 * p.experts + p.n_group),
+  route_token(p, logits + t * p.experts, bias, warp_scratch(smem, p, warp),
               topk_ids + t * p.top_k, topk_weights + t * p.top_k);
 }
 

@@ -24,8 +24,21 @@ struct RoutingParams {
   int64_t tokens;
 };
 
-// Shared memory route_token takes per warp: sel[E], gate[E], group_score[n_group] floats.
-inline size_t warp_smem_bytes(const RoutingParams& p) { return (2 * static_cast<size_t>(p.experts) + p.n_group) * 4; }
+// The groups the routing ranks by: deepseek_v3's n_group when it groups (n_group > 1), else one
+// group of every expert. RoutingParams::n_group holds this count.
+inline int routing_group_count(const MoeConfig& c) {
+  return c.routing == RoutingMethod::deepseek_v3 && c.n_group > 1 ? static_cast<int>(c.n_group) : 1;
+}
+
+// Shared memory route_token takes per warp: sel[E], gate[E], group_score[groups] floats, one such
+// scratch per warp, warp w's from float w * warp_scratch_floats.
+__host__ __device__ inline size_t warp_scratch_floats(int64_t experts, int64_t groups) {
+  return static_cast<size_t>(2 * experts + groups);
+}
+inline size_t warp_smem_bytes(const RoutingParams& p) { return warp_scratch_floats(p.experts, p.n_group) * 4; }
+__device__ __forceinline__ float* warp_scratch(float* smem, const RoutingParams& p, int warp) {
+  return smem + static_cast<size_t>(warp) * warp_scratch_floats(p.experts, p.n_group);
+}
 
 __device__ __forceinline__ float sigmoid_f32(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 

@@ -90,7 +90,7 @@ void launch_silu_mul_quant(const float* gemm1_out, const int32_t* slot_to_row, i
   require_ptr(codes, who, "codes", 4);
   require_ptr(scales, who, "scales", 4);
   const int64_t items = slots * (inter / kScaleBlock);
-  launch_dependent("launch of silu_mul_quant_kernel", silu_mul_quant_kernel,
+  launch_dependent("silu_mul_quant_kernel", silu_mul_quant_kernel,
                    grid_x((items + kWarpsPerBlock - 1) / kWarpsPerBlock, who), kWarpsPerBlock * 32, 0, stream,
                    gemm1_out, slot_to_row, slots, p, codes, scales);
 }

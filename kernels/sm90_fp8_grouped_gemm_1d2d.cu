@@ -271,7 +271,7 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
                g.n,         g.k,       g.d, g.out_precision == Precision::bf16,
                g.b_layout == WeightLayout::block_tiles};
   const int64_t n_tiles = g.n / kTileCols;
-  launch_dependent("launch of sm90_fp8_grouped_gemm_1d2d_kernel", sm90_fp8_grouped_gemm_1d2d_kernel,
+  launch_dependent("sm90_fp8_grouped_gemm_1d2d_kernel", sm90_fp8_grouped_gemm_1d2d_kernel,
                    grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream, p, n_tiles);
 }
 

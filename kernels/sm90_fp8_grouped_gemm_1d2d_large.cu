@@ -292,7 +292,7 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
                       g.experts, g.d, g.out_precision == Precision::bf16};
   const int64_t items = g.max_tiles * ((g.n / kCols + 1) / 2);
   const int64_t grid = items < sms ? items : sms;
-  launch_dependent("launch of sm90_fp8_grouped_gemm_1d2d_large_kernel", sm90_fp8_grouped_gemm_1d2d_large_kernel,
+  launch_dependent("sm90_fp8_grouped_gemm_1d2d_large_kernel", sm90_fp8_grouped_gemm_1d2d_large_kernel,
                    grid_x(grid, who), kThreads, kSmemBytes, stream, act_map, p);
 }
 

@@ -201,6 +201,16 @@ std::vector<float> run_routing(const MoeConfig& c, const std::vector<float>& log
   return w.download();
 }
 
+// n logits on the grid {0.1, 0.35, 0.6, 0.85, 1.1} (seeded): many exactly equal scores, and
+// positive and irregular, so no two different pairs of sigmoids have an equal sum (sigmoid(x) +
+// sigmoid(-x) = 1 would tie group scores in exact arithmetic and let float and double round the
+// tie differently). Distinct grid values keep distinct float32 sigmoids.
+std::vector<float> grid_logits(uint64_t seed, uint64_t stream, size_t n) {
+  std::vector<float> logits = uniform_floats(seed, stream, n, 0, 5);
+  for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+  return logits;
+}
+
 TEST(GpuRouting, EveryMethodMatchesReferenceWithinFloat32Ties) {
   MOECHECK_REQUIRE_GPU();
   const RoutingCase cases[] = {
@@ -261,11 +271,7 @@ TEST(GpuRouting, ExactTiesGoToTheLowerIndex) {
         c.topk_group = sh.topk_group;
       }
       ASSERT_TRUE(config_problems(c).empty());
-      std::vector<float> logits = uniform_floats(7, 1, static_cast<size_t>(T * sh.E), 0, 5);
-      // {0.1, 0.35, 0.6, 0.85, 1.1}: positive and irregular, so no two different pairs of
-      // sigmoids have an equal sum (sigmoid(x) + sigmoid(-x) = 1 would tie group scores in
-      // exact arithmetic and let float and double round the tie differently).
-      for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+      const std::vector<float> logits = grid_logits(7, 1, static_cast<size_t>(T * sh.E));
       std::vector<int32_t> ids;
       const auto w = run_routing(c, logits, {}, T, &ids);
       const Routing ref = route(c, logits.data(), nullptr, T);
@@ -289,10 +295,8 @@ TEST(GpuRouting, NanLogitsRankLast) {
     for (const int64_t k : {8, 32}) {
       SCOPED_TRACE("E " + std::to_string(E) + ", k " + std::to_string(k));
       const MoeConfig c = small_config(RoutingMethod::sigmoid_renormalize, E, k, 128, 128);
-      // The grid of ExactTiesGoToTheLowerIndex: distinct logits keep distinct float32 sigmoids, so
-      // the float and double picks can differ only through NaN.
-      std::vector<float> logits = uniform_floats(91, static_cast<uint64_t>(E + k), static_cast<size_t>(T * E), 0, 5);
-      for (auto& v : logits) v = std::floor(v) * 0.25f + 0.1f;
+      // On the grid the float and double picks can differ only through NaN.
+      std::vector<float> logits = grid_logits(91, static_cast<uint64_t>(E + k), static_cast<size_t>(T * E));
       std::vector<float> as_low = logits;
       int64_t nan_count = 0;
       for (int64_t t = 0; t < T; ++t)
