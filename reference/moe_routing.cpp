@@ -282,44 +282,45 @@ std::vector<double> weights_for(const MoeConfig& c, const TokenScores& s, std::s
   return weights_unchecked(c, s, ids);
 }
 
-TopkJudgement judge_topk(const MoeConfig& c, const TokenScores& s, std::span<const int32_t> ids, double delta,
-                         std::optional<double> group_delta) {
-  require_valid_config(c);
-  check_scores(c, s);
-  if (!(delta >= 0) || (group_delta && !(*group_delta >= 0)))
-    throw std::invalid_argument("moe_routing: judge_topk: delta and group_delta must be >= 0");
-  const double gdelta = group_delta ? *group_delta : 2 * delta;
-  TopkJudgement j;
-  if (j.why = id_set_problem(c, ids); !j.why.empty()) return j;
-  j.weights = weights_unchecked(c, s, ids);
+namespace {
 
-  const int64_t E = c.num_experts;
-  std::vector<char> chosen(E, 0);
+// The chosen experts of one token against the rejected ones: a rejected candidate may outrank a
+// chosen expert by at most 2 delta (both may be off by delta in opposite directions).
+struct ChosenSet {
+  const TokenScores& s;
+  double delta;
+  std::vector<char> chosen;
   double min_chosen = kInf;
-  for (int32_t id : ids) {
-    chosen[id] = 1;
-    min_chosen = std::min(min_chosen, s.sel[id]);
+  ChosenSet(int64_t E, const TokenScores& scores, std::span<const int32_t> ids, double d)
+      : s(scores), delta(d), chosen(static_cast<size_t>(E), 0) {
+    for (int32_t id : ids) {
+      chosen[id] = 1;
+      min_chosen = std::min(min_chosen, s.sel[id]);
+    }
   }
-  // A rejected candidate may outrank a chosen expert by at most 2*delta (both may be off by
-  // delta in opposite directions).
-  auto too_good = [&](int64_t e) { return !chosen[e] && s.sel[e] > min_chosen + 2 * delta; };
-
-  if (!grouped(c)) {
-    for (int64_t e = 0; e < E; ++e)
-      if (too_good(e)) {
-        j.why = fmt::format("rejected expert {} (sel {:.17g}) beats chosen sel {:.17g} by more than 2*delta = {:.3g}", e,
-                            s.sel[e], min_chosen, 2 * delta);
-        return j;
-      }
-    j.valid = true;
-    return j;
+  bool too_good(int64_t e) const { return !chosen[e] && s.sel[e] > min_chosen + 2 * delta; }
+  // Why expert e is too good ("of a kept group": where it lies).
+  std::string beaten_by(int64_t e, const char* where) const {
+    return fmt::format("rejected expert {} (sel {:.17g}){} beats chosen sel {:.17g} by more than 2*delta = {:.3g}", e,
+                       s.sel[e], where, min_chosen, 2 * delta);
   }
+};
 
-  // Grouped: the chosen experts' groups must be kept; the remaining kept slots are filled with
-  // groups none of whose experts is too good (else that expert would be a rejected candidate
-  // that beats a chosen one), best group score first. That greedy fill is optimal: it maximises
-  // the weakest kept group and minimises the strongest excluded one among admissible choices.
-  const int64_t per = E / c.n_group;
+// Ungrouped: no rejected expert too good; empty when none is.
+std::string rejected_expert_problem(const MoeConfig& c, const ChosenSet& x) {
+  for (int64_t e = 0; e < c.num_experts; ++e)
+    if (x.too_good(e)) return x.beaten_by(e, "");
+  return "";
+}
+
+// Grouped: the chosen experts' groups must be kept; the remaining kept slots are filled with
+// groups none of whose experts is too good (else that expert would be a rejected candidate that
+// beats a chosen one), best group score first. That greedy fill is optimal: it maximises the
+// weakest kept group and minimises the strongest excluded one among admissible choices. Empty
+// when the choice is valid.
+std::string kept_groups_problem(const MoeConfig& c, const TokenScores& s, std::span<const int32_t> ids,
+                                const ChosenSet& x, double gdelta) {
+  const int64_t per = c.num_experts / c.n_group;
   std::vector<char> kept(c.n_group, 0);
   int64_t n_kept = 0;
   for (int32_t id : ids)
@@ -327,24 +328,16 @@ TopkJudgement judge_topk(const MoeConfig& c, const TokenScores& s, std::span<con
       kept[id / per] = 1;
       ++n_kept;
     }
-  if (n_kept > c.topk_group) {
-    j.why = fmt::format("chosen experts lie in {} groups, topk_group = {}", n_kept, c.topk_group);
-    return j;
-  }
+  if (n_kept > c.topk_group) return fmt::format("chosen experts lie in {} groups, topk_group = {}", n_kept, c.topk_group);
   auto group_admissible = [&](int64_t g) {
     for (int64_t e = g * per; e < (g + 1) * per; ++e)
-      if (too_good(e)) return false;
+      if (x.too_good(e)) return false;
     return true;
   };
   for (int64_t g = 0; g < c.n_group; ++g)
-    if (kept[g] && !group_admissible(g)) {
+    if (kept[g] && !group_admissible(g))
       for (int64_t e = g * per; e < (g + 1) * per; ++e)
-        if (too_good(e)) {
-          j.why = fmt::format("rejected expert {} (sel {:.17g}) of a kept group beats chosen sel {:.17g} by more than "
-                              "2*delta = {:.3g}", e, s.sel[e], min_chosen, 2 * delta);
-          return j;
-        }
-    }
+        if (x.too_good(e)) return x.beaten_by(e, " of a kept group");
   std::vector<int32_t> order(c.n_group);
   for (int32_t g = 0; g < int32_t(c.n_group); ++g) order[g] = g;
   std::sort(order.begin(), order.end(), Better{s.group_score});
@@ -355,23 +348,36 @@ TopkJudgement judge_topk(const MoeConfig& c, const TokenScores& s, std::span<con
       ++n_kept;
     }
   }
-  if (n_kept < c.topk_group) {
-    j.why = fmt::format("only {} groups can be kept without a rejected expert beating a chosen one, topk_group = {}",
-                        n_kept, c.topk_group);
-    return j;
-  }
+  if (n_kept < c.topk_group)
+    return fmt::format("only {} groups can be kept without a rejected expert beating a chosen one, topk_group = {}",
+                       n_kept, c.topk_group);
   double min_kept = kInf, max_out = -kInf;
   int64_t g_min = -1, g_max = -1;
   for (int64_t g = 0; g < c.n_group; ++g) {
     if (kept[g] && s.group_score[g] < min_kept) min_kept = s.group_score[g], g_min = g;
     if (!kept[g] && s.group_score[g] > max_out) max_out = s.group_score[g], g_max = g;
   }
-  if (g_max >= 0 && max_out > min_kept + 2 * gdelta) {
-    j.why = fmt::format("excluded group {} (score {:.17g}) beats kept group {} (score {:.17g}) by more than "
-                        "2*group_delta = {:.3g}", g_max, max_out, g_min, min_kept, 2 * gdelta);
-    return j;
-  }
-  j.valid = true;
+  if (g_max >= 0 && max_out > min_kept + 2 * gdelta)
+    return fmt::format("excluded group {} (score {:.17g}) beats kept group {} (score {:.17g}) by more than "
+                       "2*group_delta = {:.3g}", g_max, max_out, g_min, min_kept, 2 * gdelta);
+  return "";
+}
+
+}  // namespace
+
+TopkJudgement judge_topk(const MoeConfig& c, const TokenScores& s, std::span<const int32_t> ids, double delta,
+                         std::optional<double> group_delta) {
+  require_valid_config(c);
+  check_scores(c, s);
+  if (!(delta >= 0) || (group_delta && !(*group_delta >= 0)))
+    throw std::invalid_argument("moe_routing: judge_topk: delta and group_delta must be >= 0");
+  const double gdelta = group_delta ? *group_delta : 2 * delta;
+  TopkJudgement j;
+  if (j.why = id_set_problem(c, ids); !j.why.empty()) return j;
+  j.weights = weights_unchecked(c, s, ids);
+  const ChosenSet x(c.num_experts, s, ids, delta);
+  j.why = grouped(c) ? kept_groups_problem(c, s, ids, x, gdelta) : rejected_expert_problem(c, x);
+  j.valid = j.why.empty();
   return j;
 }
 
