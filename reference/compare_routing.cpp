@@ -131,11 +131,8 @@ ForwardResult rerun_reference(const MoeProblem& p, const Reruns& rr, const Compa
   return opt.forward ? opt.forward(sp.problem, fo) : moe_forward(sp.problem, fo);
 }
 
-}  // namespace
-
-JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
-                              const CompareOptions& opt, CompareResult& R) {
-  const int64_t T = p.tokens, H = p.config.hidden_size, k = p.config.top_k;
+// The judged reference as the forward gave it, each optional array kept only when whole.
+JudgedReference judged_from(const ForwardResult& ref, int64_t T, int64_t H, int64_t k) {
   JudgedReference J;
   J.output = ref.output, J.budget = ref.budget, J.noise_var = ref.noise_var;
   J.slot_output = ref.expert_outputs, J.slot_budget = ref.slot_budget, J.slot_noise_var = ref.slot_noise_var;
@@ -155,7 +152,65 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
   if (J.energy_tail.size() != size_t(T * k * kEnergyTailWidth)) J.energy_tail.clear();
   J.requant = ref.requant;
   if (!J.requant.complete(T, H, k)) J.requant.clear();
+  return J;
+}
 
+// Without the backend's ids, a near-tie token takes the alternative routing where it explains
+// the observation better (its worst ratio is lower); that token is then ambiguous.
+bool alternative_explains_better(const Observation& obs, const JudgedReference& J, const ForwardResult& alt, size_t i,
+                                 int64_t t, int64_t H) {
+  double worst_a = 0, worst_r = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    const double o = obs.output[t * H + h];
+    worst_r = std::max(worst_r, ratio_of(o, J.output[t * H + h], J.budget[t * H + h]));
+    worst_a = std::max(worst_a, ratio_of(o, alt.output[i * H + h], alt.budget[i * H + h]));
+  }
+  return worst_a < worst_r;
+}
+
+// Token t of the judged reference from token i of the re-run under the alternative routing.
+void take_alternative(JudgedReference& J, const ForwardResult& alt, size_t n_rerun, size_t i, int64_t t, int64_t H,
+                      int64_t k) {
+  std::copy_n(&alt.output[i * H], H, &J.output[t * H]);
+  std::copy_n(&alt.budget[i * H], H, &J.budget[t * H]);
+  std::copy_n(&alt.noise_var[i * H], H, &J.noise_var[t * H]);
+  std::copy_n(&alt.expert_outputs[i * k * H], k * H, &J.slot_output[t * k * H]);
+  std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
+  std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
+  if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
+  // A re-run without tails (a forward hook that does not fill them): no tails at all.
+  if (alt.slot_flip_tail.size() != n_rerun * size_t(k * kFlipTailWidth)) J.flip_tail.clear();
+  if (!J.flip_tail.empty())
+    std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
+  if (alt.slot_energy_tail.size() != n_rerun * size_t(k * kEnergyTailWidth)) J.energy_tail.clear();
+  if (!J.energy_tail.empty())
+    std::copy_n(&alt.slot_energy_tail[i * k * kEnergyTailWidth], k * kEnergyTailWidth,
+                &J.energy_tail[t * k * kEnergyTailWidth]);
+  if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H, k);
+  std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
+  std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
+}
+
+// Centre and variance floor (BUDGETS.md §10.3): whatever a backend computed, its output is
+// rounded to bf16, so an observation that is not the reference's own rounding carries a fresh
+// rounding error: the fits never weight an element above 12 / ulp^2, with ulp at least bf16's
+// subnormal step 2^-133 (a centre of 0, or of a tiny token's subnormal outputs, would otherwise
+// weigh without limit: H200 gate case 3304, BUDGETS.md §10.6).
+void centre_and_floor(JudgedReference& J) {
+  J.center.resize(J.output.size());
+  for (size_t i = 0; i < J.output.size(); ++i) {
+    J.center[i] = bf16_of_f32(J.output[i]);
+    const double ulp = bf16_rounding_unit(J.center[i]);
+    J.noise_var[i] = std::max(J.noise_var[i], ulp * ulp / 12);
+  }
+}
+
+}  // namespace
+
+JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, const Observation& obs,
+                              const CompareOptions& opt, CompareResult& R) {
+  const int64_t T = p.tokens, H = p.config.hidden_size, k = p.config.top_k;
+  JudgedReference J = judged_from(ref, T, H, k);
   const Reruns rr = find_near_ties(p, ref, obs, opt.model, R);
   if (!rr.tokens.empty()) {
     const ForwardResult alt = rerun_reference(p, rr, opt, !J.requant.direction.empty());
@@ -165,47 +220,13 @@ JudgedReference agree_routing(const MoeProblem& p, const ForwardResult& ref, con
       const int64_t t = rr.tokens[i];
       bool take = !obs.topk_ids.empty();
       if (!take) {  // keep the choice that explains the observation better
-        double worst_a = 0, worst_r = 0;
-        for (int64_t h = 0; h < H; ++h) {
-          const double o = obs.output[t * H + h];
-          worst_r = std::max(worst_r, ratio_of(o, J.output[t * H + h], J.budget[t * H + h]));
-          worst_a = std::max(worst_a, ratio_of(o, alt.output[i * H + h], alt.budget[i * H + h]));
-        }
-        take = worst_a < worst_r;
+        take = alternative_explains_better(obs, J, alt, i, t, H);
         if (take) R.ambiguous.push_back(t);
       }
-      if (!take) continue;
-      std::copy_n(&alt.output[i * H], H, &J.output[t * H]);
-      std::copy_n(&alt.budget[i * H], H, &J.budget[t * H]);
-      std::copy_n(&alt.noise_var[i * H], H, &J.noise_var[t * H]);
-      std::copy_n(&alt.expert_outputs[i * k * H], k * H, &J.slot_output[t * k * H]);
-      std::copy_n(&alt.slot_budget[i * k * H], k * H, &J.slot_budget[t * k * H]);
-      std::copy_n(&alt.slot_noise_var[i * k * H], k * H, &J.slot_noise_var[t * k * H]);
-      if (!J.flip_projection.empty()) std::copy_n(&alt.slot_flip_projection[i * k], k, &J.flip_projection[t * k]);
-      // A re-run without tails (a forward hook that does not fill them): no tails at all.
-      if (alt.slot_flip_tail.size() != rr.tokens.size() * size_t(k * kFlipTailWidth)) J.flip_tail.clear();
-      if (!J.flip_tail.empty())
-        std::copy_n(&alt.slot_flip_tail[i * k * kFlipTailWidth], k * kFlipTailWidth, &J.flip_tail[t * k * kFlipTailWidth]);
-      if (alt.slot_energy_tail.size() != rr.tokens.size() * size_t(k * kEnergyTailWidth)) J.energy_tail.clear();
-      if (!J.energy_tail.empty())
-        std::copy_n(&alt.slot_energy_tail[i * k * kEnergyTailWidth], k * kEnergyTailWidth,
-                    &J.energy_tail[t * k * kEnergyTailWidth]);
-      if (!J.requant.direction.empty()) J.requant.copy_token(alt.requant, int64_t(i), t, H, k);
-      std::copy_n(&alt.routing.ids[i * k], k, &J.ids[t * k]);
-      std::copy_n(&alt.routing.weights[i * k], k, &J.weights[t * k]);
+      if (take) take_alternative(J, alt, rr.tokens.size(), i, t, H, k);
     }
   }
-  // Centre and variance floor (BUDGETS.md §10.3): whatever a backend computed, its output is
-  // rounded to bf16, so an observation that is not the reference's own rounding carries a fresh
-  // rounding error: the fits never weight an element above 12 / ulp^2, with ulp at least bf16's
-  // subnormal step 2^-133 (a centre of 0, or of a tiny token's subnormal outputs, would otherwise
-  // weigh without limit: H200 gate case 3304, BUDGETS.md §10.6).
-  J.center.resize(J.output.size());
-  for (size_t i = 0; i < J.output.size(); ++i) {
-    J.center[i] = bf16_of_f32(J.output[i]);
-    const double ulp = bf16_rounding_unit(J.center[i]);
-    J.noise_var[i] = std::max(J.noise_var[i], ulp * ulp / 12);
-  }
+  centre_and_floor(J);
   std::sort(R.ambiguous.begin(), R.ambiguous.end());
   R.ambiguous_tokens = static_cast<int64_t>(R.ambiguous.size());
   R.mismatched_tokens = static_cast<int64_t>(R.mismatched.size()) + R.ambiguous_tokens;
