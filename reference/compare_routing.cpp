@@ -156,7 +156,7 @@ JudgedReference judged_from(const ForwardResult& ref, int64_t T, int64_t H, int6
 }
 
 // Without the backend's ids, a near-tie token takes the alternative routing where it explains
-// the observation better (its worst ratio is lower); that token is then ambiguous.
+// the observation better (its worst ratio is lower); the caller then counts the token as ambiguous.
 bool alternative_explains_better(const Observation& obs, const JudgedReference& J, const ForwardResult& alt, size_t i,
                                  int64_t t, int64_t H) {
   double worst_a = 0, worst_r = 0;

@@ -152,7 +152,8 @@ void intermediate_var_before_requant(NoiseRow& in) {
   }
 }
 
-// One group of G elements from g0 and its scale s; jmax: its element of the largest |h|.
+// One group: its n elements from g0 (G, fewer in the last group), its scale s, and jmax, its
+// element of the largest |h|.
 struct NoiseGroup {
   int64_t g0, n, jmax;
   double s;
@@ -175,12 +176,12 @@ void worst_case_group(const NoiseGroup& gr, const double* worst_dev, double* var
   }
 }
 
-// Float32 scales: vs from amax's variance and the division's slack. The shared factor's
-// continuous part, vs / s^2. The amax element's own rounding to intermediate_dtype, where the
-// device's value may leave its cell, moves amax by a whole step and re-quantizes the group
-// (ScaleJumps): measured, gate --backend cuda seed 45 case 403 (a one-group slot; amax a bf16 step
-// low, the scale 0.6% low, and every code within 0.6% below a rounding boundary one step up: the
-// slot 2.8% high).
+// Float32 scales: vs from amax's variance and the scale's own float32 rounding (scale_ulps). The
+// shared factor's continuous part, vs / s^2. The amax element's own rounding to
+// intermediate_dtype, where the device's value may leave its cell, moves amax by a whole step and
+// re-quantizes the group (ScaleJumps): measured, gate --backend cuda seed 45 case 403 (a one-group
+// slot; amax a bf16 step low, the scale 0.6% low, and every code within 0.6% below a rounding
+// boundary one step up: the slot 2.8% high).
 ScaleMoves f32_scale_moves(const NoiseRow& in, const NoiseGroup& gr, const ActQuantRule& rule, double* scale_rel_var,
                            const ScaleJumps* jumps) {
   const int64_t g0 = gr.g0, n = gr.n, jmax = gr.jmax, G = in.c.group_size;
@@ -240,7 +241,7 @@ ScaleMoves ue8m0_scale_moves(const NoiseRow& in, const NoiseGroup& gr, const Act
   mv.p_up = std::min(mv.p_up, 1.0);
   // The doubled or halved scale re-quantizes the whole group (ScaleJumps): every element
   // rounds on the other grid, a change shared by the group's projections, as for the
-  // float32 scale's jump.
+  // float32 scale's jump (f32_scale_moves).
   if (jumps && (mv.p_up > 1e-12 || mv.p_dn > 1e-12)) {
     jumps->p[g0 / G] = std::min(1.0, mv.p_up + mv.p_dn);
     if (mv.p_up > 1e-12)
