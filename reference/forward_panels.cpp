@@ -182,7 +182,8 @@ void panel_magnitude_extras(const PanelPass& x, int64_t r0, int64_t nr) {
     const float* srow = scales + (r0 / B) * ceil_div(K, B);
     fast = truncation_bound_panel_f32(*t->layout, *t->acc, t->af, t->hf, t->lf, K, t->dcum->data(), x.a.rows(),
                                       x.f32->dec, x.f32->mag, K, srow, nr, t->err->data() + r0, N,
-                                      x.fuse_abs ? t->abs_in : nullptr, x.fuse_abs ? ex.abs[0].out->data() + r0 : nullptr,
+                                      x.fuse_abs ? t->abs_in : nullptr,
+                                      x.fuse_abs ? ex.abs[0].out->data() + r0 : nullptr,
                                       x.f32->maga, t->var ? t->var->data() + r0 : nullptr, t->codes);
   }
   if (x.fuse_abs && !fast) dequant_panel(x.codes, scales, K, B, r0, nr, {panel.data(), abs_panel->data()}, x.lut);

@@ -179,7 +179,8 @@ Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vec
     x.r = moe_forward(p, opt);
     x.ref_s.push_back(seconds_since(t0));
     x.ref_cpu.push_back(process_cpu_seconds() - c0);
-    for (size_t i = 0; i < compare_models.size(); ++i) time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i]);
+    for (size_t i = 0; i < compare_models.size(); ++i)
+      time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i]);
     // The GPU's products last, so that the peak RSS of the CPU's own passes is measured first.
     if (round == 0) x.cpu_rss = peak_rss_bytes();
     if (products) {
@@ -208,7 +209,8 @@ void print_gpu_lines(const Rounds& x, double wall, int repeat, WeightProducts* p
   fmt::print("  on the GPU           {:10.3f} s (median of {}, range {:.3f} - {:.3f}) = {:.1f} x faster than the CPU's; "
              "{:.2f} GFLOP/s; {}\n",
              t, repeat, *std::min_element(x.dev_s.begin(), x.dev_s.end()),
-             *std::max_element(x.dev_s.begin(), x.dev_s.end()), wall / t, r.gemm_flops / t * 1e-9, products->describe());
+             *std::max_element(x.dev_s.begin(), x.dev_s.end()), wall / t, r.gemm_flops / t * 1e-9,
+             products->describe());
   fmt::print("  GPU vs CPU output    largest |difference| {:.3g} = {:.3g} of the largest |output|; {} of {} bit-identical "
              "(bound: BUDGETS.md §11)\n",
              diff, diff / std::max(largest, 1e-300), same, r.output.size());
