@@ -41,7 +41,7 @@ struct PanelPass {
   const PanelExtras& ex;
   std::vector<double>* abs_panel;
   bool sparse_back = false;       // the back product at the flips' columns only (dot products)
-  std::vector<int64_t> sq_cols;   // the columns col_sq is needed at (sparse back product)
+  std::vector<int64_t> sq_cols{};  // the columns col_sq is needed at (sparse back product)
   bool grp_from_back = false;     // the group projections as a reduction of the whole back product
   const Float32Panel* f32 = nullptr;  // the float truncation pass's weight operands
   bool fuse_abs = false;          // that pass also computes the (only) magnitude product
