@@ -77,18 +77,24 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* x, float v[4]) {
   v[3] = __uint_as_float(q.y & 0xFFFF0000u);
 }
 
-// One group of 128 values by one warp: x [128] (16-byte aligned for float, 8 for bf16) -> codes
-// q [128] (one 32-bit store per lane); returns the group's scale to every lane.
-template <class T>
-__device__ __forceinline__ float quantize_group(const T* x, double eps, float eps_scale, bool ue8m0, uint8_t* q) {
+// One group of 128 values held by one warp, lane l's four values v being the group's 4l .. 4l + 3
+// -> codes q [128] (one 32-bit store per lane); returns the group's scale to every lane.
+__device__ __forceinline__ float quantize_lane_values(const float (&v)[4], double eps, float eps_scale, bool ue8m0,
+                                                      uint8_t* q) {
   const int lane = threadIdx.x & 31;
-  float v[4];
-  load4(x + 4 * lane, v);
   float amax = nan_max(nan_max(fabsf(v[0]), fabsf(v[1])), nan_max(fabsf(v[2]), fabsf(v[3])));
   amax = warp_amax(amax);
   const float s = group_scale(amax, eps, eps_scale, ue8m0);
   *reinterpret_cast<uint32_t*>(q + 4 * lane) = quantize4(v[0], v[1], v[2], v[3], s);
   return s;
+}
+
+// The same for a group read from memory: x [128] (16-byte aligned for float, 8 for bf16).
+template <class T>
+__device__ __forceinline__ float quantize_group(const T* x, double eps, float eps_scale, bool ue8m0, uint8_t* q) {
+  float v[4];
+  load4(x + 4 * (threadIdx.x & 31), v);
+  return quantize_lane_values(v, eps, eps_scale, ue8m0, q);
 }
 
 // Rounding of an intermediate to its dtype (Precision::bf16: RNE; f32: none).

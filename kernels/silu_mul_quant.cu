@@ -57,13 +57,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const float* row = x + r * 2 * p.inter;
   const float4 gv = *reinterpret_cast<const float4*>(row + p.gate_col + col);
   const float4 uv = *reinterpret_cast<const float4*>(row + p.up_col + col);
-  const float h0 = silu_mul(gv.x, uv.x, p.bf16_h), h1 = silu_mul(gv.y, uv.y, p.bf16_h);
-  const float h2 = silu_mul(gv.z, uv.z, p.bf16_h), h3 = silu_mul(gv.w, uv.w, p.bf16_h);
-
-  float amax = device::nan_max(device::nan_max(fabsf(h0), fabsf(h1)), device::nan_max(fabsf(h2), fabsf(h3)));
-  amax = device::warp_amax(amax);
-  const float s = device::group_scale(amax, p.eps, p.eps_scale, p.ue8m0);
-  *reinterpret_cast<uint32_t*>(codes + r * p.inter + col) = device::quantize4(h0, h1, h2, h3, s);
+  const float h[4] = {silu_mul(gv.x, uv.x, p.bf16_h), silu_mul(gv.y, uv.y, p.bf16_h), silu_mul(gv.z, uv.z, p.bf16_h),
+                       silu_mul(gv.w, uv.w, p.bf16_h)};
+  const float s =
+      device::quantize_lane_values(h, p.eps, p.eps_scale, p.ue8m0, codes + r * p.inter + g * device::kGroup);
   if (lane == 0) scales[r * groups + g] = s;
 }
 
