@@ -10,6 +10,7 @@
 
 #include "reference/fp8_formats.hpp"
 #include "reference/truncation_kernels.hpp"
+#include "reference/truncation_pair.hpp"
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOECHECK_TRUNC_AVX2 1
 #include <immintrin.h>
@@ -17,44 +18,9 @@
 
 namespace moecheck {
 
-namespace {
-constexpr double kU32 = 0x1p-24;  // float32 register rounding
-
-// The variance proxy of one chunk (BUDGETS.md §10.1). The grid is a power of two no larger than
-// G (the alignment exponent is an exponent-field sum, whose power of two is at most the largest
-// term): Gp = 2^floor(log2 G). Each of the T / G terms that may lose bits loses its bits below Gp,
-// with the sign of its product; under the model's assumptions (signs independent and symmetric,
-// the lost bits uniform) each is uniform on (-Gp, Gp): mean 0, variance Gp^2 / 3, and strictly
-// sub-Gaussian with that proxy. The result's cut to p bits (below the power of two of rq) likewise.
-inline double pow2_floor(double x) {
-  if (!(x > 0) || !std::isfinite(x)) return x;
-  int e;
-  std::frexp(x, &e);
-  return std::ldexp(1.0, e - 1);
-}
-inline double chunk_variance(double G, double T, double rq) {
-  const double gp = pow2_floor(G), rp = pow2_floor(rq);
-  return (G > 0 ? T / G * gp * gp : 0.0) / 3 + rp * rp / 3;
-}
-// With the rows' codes (RowCodes, truncation_bound.hpp): the chunk's per-term losses in code
-// units (chunk_loss) times the block's scale product cs squared, and the two cuts of the running
-// sum, each uniform over the bits it may lose (BUDGETS.md §10.1): the register, whose lowest bit
-// is at least up = 2^(1-p) pow2_floor(|S_prev|) (it holds p bits), loses those below the chunk's
-// grid gd; the aligned sum (a multiple of gd) cut to p bits loses those below uc = 2^(1-p)
-// pow2_floor(|S|). gd = max(2^(1-p) mf cs, up): the chunk's largest alignment power or the
-// register's, as the device aligns (S the reference's partial sums: A5, the device's are in the
-// same binade).
-inline double chunk_variance_codes(double losses, double cs, double gd, double up, double uc, bool reg) {
-  const double lead = reg ? std::max(gd * gd - up * up, 0.0) : 0.0, cut = std::max(uc * uc - gd * gd, 0.0);
-  return losses * cs * cs + (lead + cut) / 3;
-}
-// The variance grid in code units: 2^(1-p) times the larger of the chunk's largest alignment
-// power mf (code units, a power of two) and the register bound reg_code's power of two. The
-// 2^-40 keeps a register bound that is a power of two in exact arithmetic from rounding below it.
-inline float variance_grid(double g1, double mf, double reg_code) {
-  return static_cast<float>(g1 * std::max(mf, pow2_floor(reg_code * (1 + 0x1p-40))));
-}
-}  // namespace
+using truncation_pair::chunk_variance;
+using truncation_pair::kU32;
+using truncation_pair::pow2_floor;
 
 void truncation_row_codes(const ChunkLayout& L, const uint8_t* codes, const float* scales, const double* dev,
                           const double* hi, float* code, float* field, double* block_scale, uint8_t* block_known) {
@@ -212,70 +178,6 @@ bool truncation_row_inputs_f32(int64_t K, const double* a, const double* hi, con
 }
 
 namespace {
-using truncation_detail::kAbs;
-using truncation_detail::kMaxRel;
-using truncation_detail::kSumAbs;
-using truncation_detail::kSumRel;
-
-// One chunk of one (row, weight row) pair, portable: the float maximum of hf mag (a NaN product
-// is skipped), the double sum of the exact products af dec, and the count of lf mag below thr.
-struct ChunkSums {
-  float mx;
-  double dot;
-};
-inline ChunkSums chunk_sums(const float* af, const float* hf, const float* dec, const float* mag, int64_t m) {
-  float x = 0;
-  double s = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    const float p = hf[j] * mag[j];
-    if (p > x) x = p;
-    s += double(af[j]) * double(dec[j]);  // exact: 24 + 4 significant bits
-  }
-  return {x, s};
-}
-// The magnitude sum of one chunk, sum in |dec| (exact products; the double sum's 2^-53 per
-// term is covered by the (1 + 2^-20) the caller applies, as in the AVX2 form).
-inline double chunk_abs(const float* in, const float* dec, int64_t m) {
-  double s = 0;
-  for (int64_t j = 0; j < m; ++j) s += double(in[j]) * std::fabs(double(dec[j]));
-  return s;
-}
-inline int chunk_count(const float* lf, const float* mag, float thr, int64_t m) {
-  int t = 0;
-  for (int64_t j = 0; j < m; ++j) t += lf[j] * mag[j] < thr;
-  return t;
-}
-// The alignment power of a weight's code, from its alignment magnitude max(|dec|, 2^-6) (0 where
-// that is NaN: a zero weight aligns nothing).
-inline float field_of(float maga) { return maga == maga ? std::bit_cast<float>(std::bit_cast<uint32_t>(maga) & 0xFF800000u) : 0.0f; }
-// The largest alignment power of one chunk's terms in code units (RowCodes: field of the rows).
-inline double chunk_field_max(const float* field, const float* maga, int64_t m) {
-  float x = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    const float f = field[j] * field_of(maga[j]);
-    if (f > x) x = f;  // NaN: skipped
-  }
-  return x;
-}
-// One chunk's per-term losses in code units on the grid gv (RowCodes): (|p| mod gv)^2 for a known
-// code (exact in float: p has at most 8 significant bits, p / gv and its floor are exact), gv^2 / 3
-// for an unknown one that may lose bits (the threshold test of the bound), 0 for zero products.
-inline double chunk_loss(const float* code, const float* dec, const float* lf, const float* mag, float thr, float gv,
-                         int64_t m) {
-  const float inv = gv > 0 ? 1 / gv : 0.0f;
-  double t = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    const float p = code[j] * dec[j];
-    if (p == p) {
-      const float a = std::fabs(p), l = a - gv * std::floor(a * inv);
-      t += double(l) * double(l);
-    } else if (lf[j] * mag[j] < thr) {
-      t += double(gv) * double(gv) / 3;
-    }
-  }
-  return t;
-}
-
 // max(0, x_0, ..., x_{n-1}) of non-negative floats, NaN skipped (+inf stays +inf).
 inline float max_of(const float* x, int64_t n) {
   int64_t i = 0;
@@ -320,77 +222,27 @@ bool truncation_bound_panel_f32(const ChunkLayout& L, const AccumulatorModel& ac
   int64_t o_done = truncation_detail::panel_f32_x86(L, g1, r1, af, hf, lf, lda, dcum, n, dec, mag, ldw, scale, nr, err,
                                                      lderr, in, abs_out, maga, var, codes, bfirst, bmx,
                                                      g_kernel.load(std::memory_order_relaxed), finite);
-  std::vector<double> mhs(static_cast<size_t>(C)), dots(static_cast<size_t>(C)), dls(static_cast<size_t>(C)),
-      drift(static_cast<size_t>(C));
-  std::vector<float> thr(static_cast<size_t>(C)), gvc(static_cast<size_t>(C));
-  std::vector<double> mfc(static_cast<size_t>(C));
+  // The remaining weight rows: the portable loop, block by block (truncation_pair.hpp).
+  std::vector<truncation_pair::ChunkValues> cv(size_t((L.block + L.m - 1) / L.m));
   for (int64_t o = o_done; o < nr; ++o) {
-    const float* dr = dec + o * ldw;
-    const float* mr = mag + o * ldw;
-    const float* mar = maga + o * ldw;
+    const truncation_pair::WeightRowArrays w{dec + o * ldw, mag + o * ldw, maga + o * ldw};
     for (int64_t r = 0; r < n; ++r) {
-      const float* ar = af + r * lda;
-      const float* hr = hf + r * lda;
-      const float* lr = lf + r * lda;
-      const double* dc = dcum + r * C;
+      const truncation_pair::InputRow x{af + r * lda, hf + r * lda, lf + r * lda, in ? in + r * lda : nullptr,
+                                        var && codes ? codes->code + r * lda : nullptr,
+                                        var && codes ? codes->field + r * lda : nullptr};
       // The row's codes (noise model, RowCodes): scale products per block, 0 where not used.
       const double* rcs = var && codes ? codes->scale + r * codes->nb : nullptr;
-      auto code_scale = [&](int64_t b) { return rcs ? std::fabs(scale[b]) * rcs[b] : 0.0; };
-      // Pass 1: chunk maxima and sums, G^ (every product counted). |S| + Dl bounds the exact |S|.
-      double Eh = 0, S = 0, Dl = 0, D = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const bool first = L.first_in_block[c];
-        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0, b = L.block_of[c];
-        const double s = scale[b], as = std::fabs(s);
-        if (first) Eh = 0, S = 0, Dl = 0, D = 0;
-        const ChunkSums cs = chunk_sums(ar + k0, hr + k0, dr + k0, mar + k0, m);
-        mhs[c] = as * (double(cs.mx) * kMaxRel + kAbs), dots[c] = s * cs.dot, dls[c] = kSumRel * mhs[c] + kSumAbs * as;
-        if (const double csb = code_scale(b); csb > 0) {
-          mfc[c] = chunk_field_max(codes->field + r * lda + k0, mar + k0, m);
-          gvc[c] = variance_grid(g1, mfc[c], first ? 0.0 : (std::fabs(S) + Dl + D + Eh) / csb);
-        }
-        const double Gh = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + Eh);
-        // Rounded to nearest, y = 256 G^ (1 + 2^-22) / |s| + 2^-148 becomes >= 256 G^ / |s|
-        // (1 + 2^-24) + 2^-150, what the float products' own rounding needs (truncation_bound.hpp).
-        thr[c] = static_cast<float>(Gh * (256 * kMaxRel / as) + kAbs);
-        const double Th = Gh * double((first ? 0 : 1) + m);
-        drift[c] = dc[c] * (as * bmx[size_t(o * nb + b)]);
-        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
-        Eh += Th + r1 * (std::fabs(Sn) + Dln + Dn + Eh + Th);
-        S = Sn, Dl = Dln, D = Dn;
+      truncation_pair::PairState st;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c0 = bfirst[b], k0 = L.start[c0];
+        const double cs = rcs ? std::fabs(scale[b]) * rcs[b] : 0.0;
+        truncation_pair::pair_block(g1, r1, k0, std::min(L.K, k0 + L.block) - k0, L.m, dcum + r * C + c0, scale[b], cs,
+                                    bmx[size_t(o * nb + b)], var != nullptr, x, w, cv.data(), st);
       }
-      if (in) {  // the magnitude sum, widened as the AVX2 form widens its float one
-        double ab = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t k0 = L.start[c];
-          ab += std::fabs(scale[L.block_of[c]]) *
-                (chunk_abs(in + r * lda + k0, dr + k0, L.start[c + 1] - k0) * (1 + 0x1p-20) + 0x1p-144);
-        }
-        abs_out[r * lderr + o] = ab;
-        finite &= std::isfinite(ab);
-      }
-      double total = 0, E = 0, V = 0;  // pass 2: the bound
-      S = 0, Dl = 0, D = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const bool first = L.first_in_block[c];
-        const int64_t k0 = L.start[c], m = L.start[c + 1] - k0;
-        if (first) total += E, E = 0, S = 0, Dl = 0, D = 0;
-        const double G = g1 * std::max(mhs[c], first ? 0.0 : std::fabs(S) + Dl + D + E);
-        const double T = (first ? 0.0 : G) + G * chunk_count(lr + k0, mr + k0, thr[c], m);
-        const double Sn = S + dots[c], Dln = Dl + dls[c], Dn = drift[c];
-        E += T + r1 * (std::fabs(Sn) + Dln + Dn + E + T);
-        if (const double cs = code_scale(L.block_of[c]); cs > 0) {
-          const double up = first ? 0.0 : pow2_floor(g1 * std::fabs(S)), uc = pow2_floor(g1 * std::fabs(Sn));
-          V += chunk_variance_codes(chunk_loss(codes->code + r * lda + k0, dr + k0, lr + k0, mr + k0, thr[c], gvc[c], m),
-                                    cs, std::max(g1 * mfc[c] * cs, up), up, uc, !first);
-        } else if (var)
-          V += chunk_variance(G, T, r1 * (std::fabs(Sn) + Dln + Dn));
-        S = Sn, Dl = Dln, D = Dn;
-      }
-      const double e = total + E;
-      finite &= std::isfinite(e);
-      err[r * lderr + o] = e;
-      if (var) var[r * lderr + o] = V;
+      err[r * lderr + o] = truncation_pair::pair_err(st, in != nullptr);
+      finite &= st.finite;
+      if (in) abs_out[r * lderr + o] = st.ab;
+      if (var) var[r * lderr + o] = st.V;
     }
   }
   return finite;

@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "reference/truncation_bound.hpp"
+#include "reference/truncation_pair.hpp"
 
 namespace moecheck::truncation_detail {
 
 // Margins of the float path (truncation_bound.hpp): chunk maxima, thresholds, chunk sums.
-constexpr double kMaxRel = 1 + 0x1p-22, kAbs = 0x1p-148;
-constexpr double kSumRel = 0x1p-15, kSumAbs = 0x1p-134;
+using truncation_pair::kAbs;
+using truncation_pair::kMaxRel;
+using truncation_pair::kSumAbs;
+using truncation_pair::kSumRel;
 
 // truncation_bound_panel_f32's work for weight rows [0, o) with o a multiple of four, where the
 // build has the kernels, `kernel` is not the portable loop and every chunk is 32 long (blocks of
