@@ -209,12 +209,7 @@ void expert_gemm1(const ExpertRun& e) {
         [&](int64_t r) { return qh.scales + (t0 + job.slots[r] / k) * hg; }, act_dev, s);
     ex.trunc = &tp;
   }
-  if (e.products) {
-    s.x.resize(n, 2 * I);
-    e.products->multiply(s.a.data(), n, e.w.w13, e.w.w13_scale, 2 * I, H, B, s.x.data());
-  } else {
-    gemm_fp8_weight(s.a, e.w.w13, e.w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel);
-  }
+  gemm_fp8_weight(s.a, e.w.w13, e.w.w13_scale, 2 * I, H, B, s.x, s.panel, s.lut, ex, &s.abs_panel, e.products);
   if (budget && bc.chunked) s.vx = s.dx.array().square().matrix();  // before the truncation term
   if (budget && bc.chunked) s.dx += (1 + bc.c1) * s.terr, s.vx += (1 + bc.c1) * (1 + bc.c1) * s.tvar;  // §2.1, §10.1
   // Gradual underflow (BUDGETS.md §2): each of the ceil(H/B) promotion FFMAs may err by half a
@@ -391,12 +386,7 @@ void expert_gemm2(const ExpertRun& e) {
         [&](int64_t r) { return s.qscales.data() + r * ig; }, h_dev, s);
     ex.trunc = &tp;
   }
-  if (e.products) {
-    s.y.resize(n, H);
-    e.products->multiply(s.h.data(), n, e.w.w2, e.w.w2_scale, H, I, B, s.y.data());
-  } else {
-    gemm_fp8_weight(s.h, e.w.w2, e.w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel);
-  }
+  gemm_fp8_weight(s.h, e.w.w2, e.w.w2_scale, H, I, B, s.y, s.panel, s.lut, ex, &s.abs_panel, e.products);
   if (budget && bc.chunked) s.dy += (1 + bc.c2) * s.terr, s.vy += (1 + bc.c2) * (1 + bc.c2) * s.tvar;  // §2.1, §10.1
   if (budget) s.dy.array() += double(ceil_div(I, B)) * 0x1p-149;  // underflow, as for GEMM1
   if (budget) s.vy.array() += std::pow(double(ceil_div(I, B)) * 0x1p-149, 2);

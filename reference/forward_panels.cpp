@@ -205,11 +205,70 @@ void panel_magnitude_extras(const PanelPass& x, int64_t r0, int64_t nr) {
   }
 }
 
+// The group projections as a reduction of the whole back product (after the panels or the
+// engine): <in_g W_g^T, in W^T> = sum over k in g of in[:, k] (out W)[:, k].
+void group_projection_from_back(const PanelExtras& ex, int64_t K) {
+  for (int64_t k0 = 0; k0 < K; k0 += ex.grp->group) {
+    const int64_t kn = std::min(ex.grp->group, K - k0);
+    ex.grp->out->col(k0 / ex.grp->group) =
+        (ex.grp->in->middleCols(k0, kn).array() * ex.back->middleCols(k0, kn).array()).rowwise().sum().matrix();
+  }
+}
+
+// The engine's turn (weight_products.hpp): the main product and the extras as plain arrays, every
+// output sized here. False where the extras need the double truncation pass (rows beyond float
+// range) or the engine declines: the panels then compute everything.
+bool engine_pass(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
+                 RowMat& out, const PanelExtras& ex, WeightProducts& products) {
+  const TruncationProduct* t = ex.trunc;
+  if (t && !t->rows_f32) return false;
+  if (ex.grp && !ex.back) return false;  // the group projections come from the whole back product
+  const int64_t n = a.rows();
+  out.resize(n, N);
+  ProductExtras pe;
+  ProductExtras::Truncation pt;
+  // The truncation pass also computes the (only) magnitude product, as the panels do.
+  const bool fuse_abs = t && ex.n_abs == 1 && t->abs_in;
+  if (t) {
+    t->err->resize(n, N);
+    if (t->var) t->var->resize(n, N);
+    pt = {t->layout, t->acc, t->af, t->hf, t->lf, t->dcum->data(), fuse_abs ? t->abs_in : nullptr, t->codes,
+          t->err->data(), t->var ? t->var->data() : nullptr, nullptr};
+    pe.trunc = &pt;
+  }
+  for (int i = 0; i < ex.n_abs; ++i) {
+    ex.abs[i].out->resize(ex.abs[i].in->rows(), N);
+    if (i == 0 && fuse_abs) {
+      pt.abs_out = ex.abs[0].out->data();
+    } else {
+      pe.abs_in[pe.n_abs] = ex.abs[i].in->data(), pe.abs_out[pe.n_abs] = ex.abs[i].out->data();
+      ++pe.n_abs;
+    }
+  }
+  if (ex.sq.in) ex.sq.out->resize(n, N), pe.sq_in = ex.sq.in->data(), pe.sq_out = ex.sq.out->data();
+  if (ex.lin.in) ex.lin.out->resize(n, N), pe.lin_in = ex.lin.in->data(), pe.lin_out = ex.lin.out->data();
+  if (ex.back) ex.back->resize(n, K), pe.back = ex.back->data();
+  if (ex.col_sq) ex.col_sq->assign(size_t(K), 0.0), pe.col_sq = ex.col_sq->data();
+  if (!products.multiply_with_extras(a.data(), n, codes, scales, N, K, B, out.data(), pe)) return false;
+  if (ex.grp) {
+    ex.grp->out->setZero(n, ceil_div(K, ex.grp->group));
+    group_projection_from_back(ex, K);
+  }
+  return true;
+}
+
 }  // namespace
 
 void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
                      RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const PanelExtras& ex,
-                     std::vector<double>* abs_panel) {
+                     std::vector<double>* abs_panel, WeightProducts* products) {
+  const bool extras = ex.n_abs || ex.back || ex.col_sq || ex.trunc || ex.sq.in || ex.lin.in || ex.grp;
+  if (products && !extras) {
+    out.resize(a.rows(), N);
+    products->multiply(a.data(), a.rows(), codes, scales, N, K, B, out.data());
+    return;
+  }
+  if (products && engine_pass(a, codes, scales, N, K, B, out, ex, *products)) return;
   PanelPass x{a, codes, scales, N, K, B, out, panel, lut, ex, abs_panel};
   prepare_pass(x);
   for (int64_t r0 = 0; r0 < N;) {
@@ -226,12 +285,7 @@ void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales,
     if (ex.n_abs) panel_magnitude_extras(x, r0, nr);
     r0 += nr;
   }
-  if (x.grp_from_back)
-    for (int64_t k0 = 0; k0 < K; k0 += ex.grp->group) {
-      const int64_t kn = std::min(ex.grp->group, K - k0);
-      ex.grp->out->col(k0 / ex.grp->group) =
-          (ex.grp->in->middleCols(k0, kn).array() * ex.back->middleCols(k0, kn).array()).rowwise().sum().matrix();
-    }
+  if (x.grp_from_back) group_projection_from_back(ex, K);
 }
 
 }  // namespace moecheck::forward

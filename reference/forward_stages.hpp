@@ -126,10 +126,12 @@ struct PanelExtras {
 };
 
 // out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
-// from the same codes through a table of magnitudes, when extras ask for it).
+// from the same codes through a table of magnitudes, when extras ask for it). With products
+// (weight_products.hpp): the product and the extras on that engine where it runs them all, else
+// on these panels.
 void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
                      RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const PanelExtras& ex = {},
-                     std::vector<double>* abs_panel = nullptr);
+                     std::vector<double>* abs_panel = nullptr, WeightProducts* products = nullptr);
 
 // ---- expert --------------------------------------------------------------------------
 struct Scratch {

@@ -236,12 +236,10 @@ void combine_chunk(const MoeConfig& c, const Routing& rt, const BudgetModel* mod
 
 namespace {
 
-void check_forward_arguments(const MoeProblem& p, const ForwardOptions& opt) {
+void check_forward_arguments(const MoeProblem& p) {
   require_valid_config(p.config);
   if (p.tokens < 0 || !p.hidden || !p.logits || !p.load_expert)
     throw std::invalid_argument("moe_forward: hidden, logits and load_expert are required");
-  if (opt.products && opt.tier == Tier::quantized && (opt.budget || opt.ideal_bound))
-    throw std::invalid_argument("moe_forward: budgets and the ideal bound are computed with the CPU's products only");
 }
 
 // What every chunk's experts share: the budget state, the chunking, the worker threads, and
@@ -364,7 +362,7 @@ void finish_chunk(const MoeProblem& p, const ForwardOptions& opt, const std::vec
 }  // namespace
 
 ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
-  check_forward_arguments(p, opt);
+  check_forward_arguments(p);
   ForwardResult res;
   res.tier = opt.tier;
   std::vector<double> exact_weights;  // before the quantized tier's rounding

@@ -97,8 +97,9 @@ struct ForwardOptions {
   std::function<void(int64_t, int64_t)> progress;
   // Where the two weight products of each expert run (weight_products.hpp); nullptr: Eigen on
   // this CPU. Everything else (routing, activation quantization, SiLU and the re-quantization of
-  // h, the combine) stays on the CPU, the same code either way. Not with budget or ideal_bound,
-  // whose extra products ride on the CPU's weight panels (std::invalid_argument). Tokens go in
+  // h, the combine) stays on the CPU, the same code either way. The budget's and the ideal
+  // bound's extra products run there too where the engine runs them all
+  // (WeightProducts::multiply_with_extras), else on the CPU's panels, per product. Tokens go in
   // chunks of up to 4 GiB of slot outputs (512 MiB on the CPU): each chunk sends every routed
   // expert's weights to the engine.
   WeightProducts* products = nullptr;

@@ -5,6 +5,7 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <cstring>
 #include <fmt/format.h>
 
 #include "reference/fp8_formats.hpp"
@@ -216,6 +217,54 @@ std::string AgreementTally::summary(const std::string& what) const {
                      "both forwards) outside",
                      what, elements, identical, 100.0 * double(identical) / n, largest_diff, wide,
                      100.0 * double(wide) / n, widest, outside, checked);
+}
+
+namespace {
+void diff_array(const std::string& name, const std::vector<double>& a, const std::vector<double>& b,
+                std::vector<BudgetArrayDiff>& out) {
+  BudgetArrayDiff d;
+  d.name = name;
+  if (a.size() != b.size()) {
+    d.values = int64_t(std::max(a.size(), b.size()));
+    d.largest_rel = INFINITY;
+    out.push_back(d);
+    return;
+  }
+  d.values = int64_t(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(double)) == 0) {
+      ++d.identical;
+      continue;
+    }
+    const double m = std::max(std::fabs(a[i]), std::fabs(b[i]));
+    const double rel = std::isfinite(a[i]) != std::isfinite(b[i]) ? 1.0 : m > 0 ? std::fabs(a[i] - b[i]) / m : 0.0;
+    if (!(rel <= d.largest_rel)) d.largest_rel = rel, d.where = int64_t(i), d.cpu = a[i], d.engine = b[i];
+  }
+  out.push_back(d);
+}
+}  // namespace
+
+std::vector<BudgetArrayDiff> budget_differences(const ForwardResult& cpu, const ForwardResult& engine) {
+  std::vector<BudgetArrayDiff> out;
+  diff_array("budget", cpu.budget, engine.budget, out);
+  diff_array("slot_budget", cpu.slot_budget, engine.slot_budget, out);
+  diff_array("noise_var", cpu.noise_var, engine.noise_var, out);
+  diff_array("slot_noise_var", cpu.slot_noise_var, engine.slot_noise_var, out);
+  diff_array("slot_flip_projection", cpu.slot_flip_projection, engine.slot_flip_projection, out);
+  diff_array("slot_flip_tail", cpu.slot_flip_tail, engine.slot_flip_tail, out);
+  diff_array("slot_energy_tail", cpu.slot_energy_tail, engine.slot_energy_tail, out);
+  diff_array("requant.direction", cpu.requant.direction, engine.requant.direction, out);
+  diff_array("requant.signal", cpu.requant.signal, engine.requant.signal, out);
+  diff_array("requant.var", cpu.requant.var, engine.requant.var, out);
+  diff_array("requant.mean", cpu.requant.mean, engine.requant.mean, out);
+  diff_array("requant.mean_bound", cpu.requant.mean_bound, engine.requant.mean_bound, out);
+  diff_array("requant.tail", cpu.requant.tail, engine.requant.tail, out);
+  return out;
+}
+
+std::string BudgetArrayDiff::describe() const {
+  return fmt::format("{}: {} values, {} bit-identical, largest relative difference {:.3g}{}", name, values, identical,
+                     largest_rel, where >= 0 ? fmt::format(" (at {}: cpu {:.17g}, engine {:.17g})", where, cpu, engine) : "");
 }
 
 }  // namespace moecheck::testing

@@ -52,4 +52,18 @@ struct AgreementTally {
 // ASSERTs equal routing.
 void check_engines_agree(const MoeProblem& p, WeightProducts& products, const std::string& replay, AgreementTally& tally);
 
+// The budget's arrays of two forwards of one problem under one budget model (the CPU's and an
+// engine's, ProductExtras): per array its size, how many values are bit-identical, and the
+// largest relative difference |a - b| / max(|a|, |b|) (1 where exactly one is not finite) with
+// where it is.
+struct BudgetArrayDiff {
+  std::string name;
+  int64_t values = 0, identical = 0;
+  double largest_rel = 0;
+  int64_t where = -1;
+  double cpu = 0, engine = 0;
+  std::string describe() const;
+};
+std::vector<BudgetArrayDiff> budget_differences(const ForwardResult& cpu, const ForwardResult& engine);
+
 }  // namespace moecheck::testing
