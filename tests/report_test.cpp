@@ -37,6 +37,7 @@ ReportContext context() {
                "weights=f32";
   ctx.budget_model = report::describe_budget_model(BudgetModel{AccumulatorModel::hopper_tensor_core()});
   ctx.reference_seconds = 12.5;
+  ctx.reference_device = "this CPU";
   return ctx;
 }
 
@@ -197,7 +198,8 @@ TEST(ReportColour, TerminalAndNoColor) {
 TEST(ReportJson, SchemaKeysAndValues) {
   const Json doc = Json::parse(report::render_json(context(), {passing_result(), failing_result()}));
   for (const char* key : {"schema_version", "tool_version", "case", "config", "tier", "budget_model",
-                          "reference_seconds", "status", "checks", "checks_failed", "summary", "outputs"})
+                          "reference_seconds", "reference_device", "status", "checks", "checks_failed", "summary",
+                          "outputs"})
     EXPECT_TRUE(doc.contains(key)) << key;
   EXPECT_EQ(doc["schema_version"], 1);
   EXPECT_EQ(doc["tool_version"], MOECHECK_VERSION);

@@ -139,7 +139,8 @@ MoeProblem problem_of(const BenchShape& shape, int64_t tokens, const MemoryLayer
 // products' (when given); the last round's results.
 struct Rounds {
   std::vector<double> ref_s, dev_s, ref_cpu;
-  std::vector<std::vector<double>> cmp_s, cmp_cpu;
+  std::vector<std::vector<double>> cmp_s, cmp_cpu, cmp_dev_s;
+  std::vector<std::vector<double>> cmp_budget, cmp_dev_budget;  // last round's budgets, CPU and GPU
   ForwardResult r, rd;
   double cpu_rss = 0;
 };
@@ -147,8 +148,9 @@ struct Rounds {
 // What `moecheck compare` adds under one budget model: the budgeted forward and the judging of
 // one output (the reference's own output rounded to bf16 stands in for a backend's). Appends its
 // wall and CPU seconds.
+// Keeps the budget.
 void time_compare(const MoeProblem& p, const ForwardOptions& opt, const std::string& model, std::vector<double>& wall,
-                  std::vector<double>& cpu) {
+                  std::vector<double>& cpu, std::vector<double>& budget) {
   const auto tc = Clock::now();
   const double cc = process_cpu_seconds();
   CompareOptions copt;
@@ -165,6 +167,7 @@ void time_compare(const MoeProblem& p, const ForwardOptions& opt, const std::str
   wall.push_back(seconds_since(tc));
   cpu.push_back(process_cpu_seconds() - cc);
   if (!cr.pass) std::cerr << "bench: the reference's own output failed its " << model << " budget (a bug)\n";
+  budget = rb.budget;
 }
 
 // The reference and each compare model run in turn, `repeat` rounds, so that a slow spell of the
@@ -172,15 +175,15 @@ void time_compare(const MoeProblem& p, const ForwardOptions& opt, const std::str
 Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vector<std::string>& compare_models,
                   int repeat, WeightProducts* products) {
   Rounds x;
-  x.cmp_s.resize(compare_models.size()), x.cmp_cpu.resize(compare_models.size());
+  const size_t nm = compare_models.size();
+  x.cmp_s.resize(nm), x.cmp_cpu.resize(nm), x.cmp_dev_s.resize(nm), x.cmp_budget.resize(nm), x.cmp_dev_budget.resize(nm);
   for (int round = 0; round < repeat; ++round) {
     const auto t0 = Clock::now();
     const double c0 = process_cpu_seconds();
     x.r = moe_forward(p, opt);
     x.ref_s.push_back(seconds_since(t0));
     x.ref_cpu.push_back(process_cpu_seconds() - c0);
-    for (size_t i = 0; i < compare_models.size(); ++i)
-      time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i]);
+    for (size_t i = 0; i < nm; ++i) time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i], x.cmp_budget[i]);
     // The GPU's products last, so that the peak RSS of the CPU's own passes is measured first.
     if (round == 0) x.cpu_rss = peak_rss_bytes();
     if (products) {
@@ -189,6 +192,9 @@ Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vec
       const auto td = Clock::now();
       x.rd = moe_forward(p, od);
       x.dev_s.push_back(seconds_since(td));
+      std::vector<double> unused;
+      for (size_t i = 0; i < nm; ++i)
+        time_compare(p, od, compare_models[i], x.cmp_dev_s[i], unused, x.cmp_dev_budget[i]);
     }
     std::cerr << fmt::format("bench reference: round {} of {} done\n", round + 1, repeat);
   }
@@ -215,6 +221,24 @@ void print_gpu_lines(const Rounds& x, double wall, int repeat, WeightProducts* p
              "(bound: BUDGETS.md §11)\n",
              diff, diff / std::max(largest, 1e-300), same, r.output.size());
   fmt::print("  GPU engine           {} (all rounds)\n", products->activity());
+}
+
+// One compare model's run with the reference's and the budget's products on the GPU: its time
+// beside the CPU's (t_cpu), and how far its budgets are from the CPU's (BUDGETS.md §11).
+void print_gpu_compare_line(const Rounds& x, size_t i, double t_cpu) {
+  const double t = median_of(x.cmp_dev_s[i]);
+  const std::vector<double>&a = x.cmp_budget[i], &b = x.cmp_dev_budget[i];
+  double rel = a.size() == b.size() ? 0.0 : INFINITY;
+  int64_t same = 0;
+  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
+    same += a[k] == b[k];
+    const double m = std::max(std::fabs(a[k]), std::fabs(b[k]));
+    if (m > 0) rel = std::max(rel, std::fabs(a[k] - b[k]) / m);
+  }
+  fmt::print("    on the GPU                  {:.3f} s = {:.1f} x faster than on the CPU (range {:.3f} - {:.3f} s); "
+             "budgets: {} of {} bit-identical, largest relative difference {:.3g}\n",
+             t, t_cpu / t, *std::min_element(x.cmp_dev_s[i].begin(), x.cmp_dev_s[i].end()),
+             *std::max_element(x.cmp_dev_s[i].begin(), x.cmp_dev_s[i].end()), same, a.size(), rel);
 }
 
 }  // namespace
@@ -272,6 +296,7 @@ int bench_reference(const BenchShape& shape, int64_t tokens, uint64_t seed, int 
                *std::max_element(x.cmp_s[i].begin(), x.cmp_s[i].end()));
     const double tc = median_of(x.cmp_cpu[i]);
     fmt::print("    CPU time                    {:.3f} s = {:.2f} x the reference's CPU time\n", tc, tc / median_of(x.ref_cpu));
+    if (products) print_gpu_compare_line(x, i, t);
   }
   fmt::print("  peak RSS             {:10.2f} GiB (bound: FP8 bytes {:.2f} GiB + slot outputs {:.2f} GiB + 1 GiB = "
              "{:.2f} GiB) {}\n",

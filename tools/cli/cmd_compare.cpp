@@ -22,6 +22,7 @@
 #include "tools/cli/cli_common.hpp"
 #include "tools/judge/case_check.hpp"
 #include "tools/judge/recorded_outputs.hpp"
+#include "tools/judge/reference_store.hpp"
 #include "tools/report/report.hpp"
 #include "tools/sweep/junit.hpp"
 
@@ -29,19 +30,21 @@ namespace moecheck::cli {
 
 namespace {
 struct Opts {
-  std::string path, output, tier = "quantized", json, html, junit, model;
+  std::string path, output, tier = "quantized", json, html, junit, model, device = "auto";
   bool all = false, quiet = false, allow_vacuous = false, requant_test = true;
 };
 
-// What the command line asks of the judgement: a stored reference is reused when it matches.
-judge::RecordedOptions recorded_options(const Opts& o) {
+// What the command line asks of the judgement: a stored reference is reused when it matches;
+// one computed runs its products where `products` says (nullptr: this CPU).
+judge::RecordedOptions recorded_options(const Opts& o, WeightProducts* products) {
   judge::RecordedOptions r;
   r.output = o.output;
   r.budget_model = o.model;
   r.reference = {.tier = o.tier == "ideal" ? Tier::ideal : Tier::quantized,
                  .reuse_stored = true,
                  .requant_test = o.requant_test,
-                 .progress = !o.quiet};
+                 .progress = !o.quiet,
+                 .products = products};
   r.allow_vacuous = o.allow_vacuous;
   return r;
 }
@@ -55,6 +58,7 @@ report::ReportContext report_context(const Opts& o, const CaseProblem& cp, const
   for (const BudgetModel& m : j.models)
     ctx.budget_model += (ctx.budget_model.empty() ? "" : "; ") + report::describe_budget_model(m);
   ctx.reference_seconds = j.reference_seconds;
+  ctx.reference_device = j.reference_device;
   for (const auto& v : j.outputs) ctx.data.push_back({std::span<const float>(v)});
   return ctx;
 }
@@ -103,11 +107,19 @@ void register_compare(CLI::App& app) {
                 "the re-quantization test (BUDGETS.md §10.7), on by default: a skipped re-quantization of the "
                 "intermediate is beta = -1 along a direction the reference computes; --no-requant-test leaves it "
                 "out and saves its second pass over W2");
+  sub->add_option("--device", o->device,
+                  "where the reference's products and the budget's run: auto (the GPU when one is usable and the "
+                  "case's products reach 1 GFLOP, the default), cpu, or cuda (BUDGETS.md §11)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
+    judge::ReferenceDevice device(o->device);
+    WeightProducts* products = device.for_case(cp.config(), cp.tokens());
+    if (!o->quiet && !device.why_not_gpu().empty())
+      std::cerr << "moecheck: --device auto: the reference runs on this CPU (" << device.why_not_gpu() << ")\n";
     const auto t0 = std::chrono::steady_clock::now();
-    const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o));
+    const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o, products));
     const std::vector<CompareResult>& results = j.results;
     const report::ReportContext ctx = report_context(*o, cp, j);
     report::TextOptions topt;

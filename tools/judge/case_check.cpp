@@ -188,7 +188,7 @@ void judge_backend_run(const CaseProblem& cp, const CheckOptions& opt, CheckOutc
   copt.model = parse_budget_model(model);
   copt.keep_ratios = opt.keep_ratios;
   copt.allow_vacuous = opt.allow_vacuous;
-  ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{});
+  ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{.products = opt.reference_products});
   out.results.push_back(out.run->ranks.empty() ? compare_output(cp.problem(), ref, observation_of(*out.run), copt)
                                                : compare_sharded(cp.problem(), *parse_shard_plan(out.run->shard),
                                                                  std::move(ref), sharded_observation_of(*out.run), copt));
@@ -202,6 +202,7 @@ void judge_recorded(const CaseProblem& cp, const CheckOptions& opt, CheckOutcome
   ropt.budget_model = opt.budget_model;
   ropt.keep_ratios = opt.keep_ratios;
   ropt.allow_vacuous = opt.allow_vacuous;
+  ropt.reference.products = opt.reference_products;
   RecordedJudgement j = judge_recorded_outputs(cp, ropt);
   out.results = std::move(j.results);
   out.budget_models = std::move(j.budget_models);

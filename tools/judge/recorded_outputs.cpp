@@ -25,9 +25,10 @@ ForwardResult reference_to_judge(const CaseProblem& cp, const std::string& model
     if (choice.tier == Tier::ideal)
       r = ideal_judging_reference(cp, model);
     else if (choice.reuse_stored)
-      r = quantized_reference(cp, input_hash, model_name, choice.progress, &stored, choice.requant_test);
+      r = quantized_reference(cp, input_hash, model_name, choice.progress, &stored, choice.requant_test,
+                              choice.products);
     else
-      r = compute_reference(cp, Tier::quantized, &model, true, choice.progress, choice.requant_test);
+      r = compute_reference(cp, Tier::quantized, &model, true, choice.progress, choice.requant_test, choice.products);
     if (reused) *reused = stored;
     return r;
   } catch (const std::invalid_argument& e) {
@@ -123,9 +124,14 @@ RecordedJudgement judge_recorded_outputs(const CaseProblem& cp, const RecordedOp
     bool reused = false;
     const ForwardResult ref = reference_to_judge(cp, model_name, opt.reference, hashes.combined, &reused);
     j.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The ideal tier's reference runs on this CPU (ideal_judging_reference).
+    const std::string device =
+        reused ? "" : products_device(opt.reference.tier == Tier::quantized ? opt.reference.products : nullptr);
+    if (!device.empty() && j.reference_device.find(device) == std::string::npos)
+      j.reference_device += (j.reference_device.empty() ? "" : "; ") + device;
     if (opt.reference.progress)
       std::cerr << fmt::format("moecheck: reference ({}, budget model {}) {}\n", to_string(opt.reference.tier),
-                               model_name, reused ? "reused from /reference/quantized" : "computed");
+                               model_name, reused ? "reused from /reference/quantized" : "computed on " + device);
     CompareOptions copt;
     copt.model = parse_budget_model(model_name);
     copt.keep_ratios = opt.keep_ratios;

@@ -30,6 +30,9 @@ struct ReferenceChoice {
   bool reuse_stored = false;    // quantized tier: a matching /reference/quantized is reused (reference_store.hpp)
   bool requant_test = true;     // with the re-quantization test and its terms (BUDGETS.md §10.7)
   bool progress = false;        // the reference's progress on stderr
+  // Where the quantized tier's products and the budget's extras run when it is computed
+  // (reference/weight_products.hpp; reference_store.hpp ReferenceDevice); nullptr: this CPU.
+  WeightProducts* products = nullptr;
 };
 
 // The reference of `model_name` under `choice`; *reused (when given) says whether it was the
@@ -51,6 +54,7 @@ struct RecordedJudgement {
   std::vector<std::vector<float>> outputs;  // parallel to results: the output [T, H] as judged
   std::vector<BudgetModel> models;          // each model once, in the order their references were made
   double reference_seconds = 0;             // wall time of the references
+  std::string reference_device;             // what computed them ("this CPU", a GPU; "" when all were reused)
 };
 
 // With reference.progress, one line per reference on stderr ("moecheck: reference (TIER, budget

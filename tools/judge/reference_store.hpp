@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -23,6 +24,33 @@ ForwardResult compute_reference(const CaseProblem& cp, Tier tier, const BudgetMo
 // this machine no usable GPU.
 std::unique_ptr<WeightProducts> reference_products(const std::string& device);
 
+// Where compare's and gate's references run (`--device cpu | cuda | auto`), decided per case:
+// cpu, this CPU; cuda, the GPU's float64 products with the budget's beside them
+// (reference_products); auto, the GPU where one is usable and the case's float64 weight products
+// reach kAutoGpuFlops (below that the transfers and launches cost more than they save), else this
+// CPU. Either way the same reference within BUDGETS.md §11. Thread-safe.
+class ReferenceDevice {
+ public:
+  static constexpr double kAutoGpuFlops = 1e9;
+  // InputError naming --device for a name other than the three, or for cuda where no GPU is usable.
+  explicit ReferenceDevice(std::string name = "cpu");
+  // The products for a case of this config and token count; nullptr: this CPU.
+  WeightProducts* for_case(const MoeConfig& c, int64_t tokens);
+  const std::string& name() const { return name_; }
+  // auto: why the GPU is not used (empty when it is, or before a large case asked).
+  std::string why_not_gpu() const;
+
+ private:
+  std::string name_;
+  std::unique_ptr<WeightProducts> gpu_;
+  bool tried_ = false;
+  std::string why_not_;
+  mutable std::mutex m_;
+};
+
+// What ran a reference's products, in words: the engine's describe(), or "this CPU".
+std::string products_device(const WeightProducts* products);
+
 // device: what computed the products (WeightProducts::describe(); empty: this CPU), stored as
 // the tier's attribute `device`.
 void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,
@@ -33,7 +61,9 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
 // hash, budget model and noise-model revision (kNoiseModelRevision) match and it holds every
 // array the judgement reads (budgets, noise variance, flip projections, and with requant_terms
 // the re-quantization test's terms; reused = true), else computed. Either way the same judgement.
+// products: where the products run when it is computed (nullptr: this CPU).
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
-                                  bool progress, bool* reused, bool requant_terms = false);
+                                  bool progress, bool* reused, bool requant_terms = false,
+                                  WeightProducts* products = nullptr);
 
 }  // namespace moecheck::judge

@@ -48,6 +48,7 @@ struct ReportContext {
   std::string tool_version = "unknown";
 #endif
   double reference_seconds = -1;  // wall time of the reference forward (with budgets); < 0: unknown
+  std::string reference_device;   // what ran its products ("this CPU", a GPU); empty: unknown or reused
   std::vector<OutputData> data;   // parallel to the results; may be shorter (missing = none)
 };
 

@@ -74,7 +74,9 @@ std::string header_html(const ReportContext& ctx, const std::vector<CompareResul
   row("tier", ctx.tier);
   if (!ctx.budget_model.empty()) row("budget model", ctx.budget_model);
   row("tool", "moecheck " + ctx.tool_version);
-  if (ctx.reference_seconds >= 0) row("reference", fmt::format("computed in {:.2f} s", ctx.reference_seconds));
+  if (ctx.reference_seconds >= 0)
+    row("reference", fmt::format("computed in {:.2f} s{}", ctx.reference_seconds,
+                                 ctx.reference_device.empty() ? "" : " on " + ctx.reference_device));
   s += "</table>";
   s += "<p class='legend-text'><b>ratio = |observed - reference| / budget</b>; an element passes when ratio &lt;= 1; "
        "budgets: <code>reference/BUDGETS.md</code>. Per expert: the max ratio of its elements, the bias test (fitted "

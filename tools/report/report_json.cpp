@@ -152,6 +152,7 @@ std::string render_json(const ReportContext& ctx, const std::vector<CompareResul
   doc["tier"] = ctx.tier;
   doc["budget_model"] = ctx.budget_model;
   doc["reference_seconds"] = ctx.reference_seconds >= 0 ? Json(ctx.reference_seconds) : Json(nullptr);
+  doc["reference_device"] = ctx.reference_device.empty() ? Json(nullptr) : Json(ctx.reference_device);
   doc["status"] = !t.pass() && t.checks_failed == 0 && t.outputs_vacuous > 0 ? "vacuous" : status(t.pass());
   doc["checks"] = t.checks;
   doc["checks_failed"] = t.checks_failed;

@@ -83,7 +83,9 @@ void write_header(std::ostream& os, const ReportContext& ctx, const Style& st) {
   if (!ctx.config.empty()) field(os, "config", ctx.config);
   field(os, "tier", ctx.tier);
   if (!ctx.budget_model.empty()) field(os, "budget model", ctx.budget_model);
-  if (ctx.reference_seconds >= 0) field(os, "reference", fmt::format("computed in {:.2f} s", ctx.reference_seconds));
+  if (ctx.reference_seconds >= 0)
+    field(os, "reference", fmt::format("computed in {:.2f} s{}", ctx.reference_seconds,
+                                       ctx.reference_device.empty() ? "" : " on " + ctx.reference_device));
   os << "ratio = |observed - reference| / budget; an element passes when ratio <= 1; budgets: reference/BUDGETS.md\n"
      << "per expert: max ratio of its elements; bias test: fitted relative scale error beta +- SE against the\n"
      << "allowance; energy test: observed / predicted error energy against its limit (BUDGETS.md section 7);\n"

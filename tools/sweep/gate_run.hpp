@@ -21,10 +21,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tools/judge/reference_store.hpp"
 #include "tools/judge/sharded_run.hpp"
 #include "tools/sweep/junit.hpp"
 
@@ -50,6 +52,8 @@ struct GateRequest {
   // is declined (unsupported, with moe_sharding's rule), and a failure's control runs over the
   // same ranks with none at fault.
   judge::ShardRequest shard;
+  // Where the references' products and the budget's run (`--device`; null: this CPU).
+  std::shared_ptr<judge::ReferenceDevice> reference_device;
 };
 
 struct GateIssue {  // a failure, or a case that could not be judged or was declined
