@@ -14,16 +14,20 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <fmt/format.h>
+#include <iostream>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
+#include "kernels/fp64_context.hpp"
 #include "kernels/fp64_dequantize.hpp"
+#include "kernels/fp64_budget_products.hpp"
 #include "kernels/gpu_backend.hpp"
 #include "reference/errors.hpp"
 
@@ -31,100 +35,7 @@ namespace moecheck::kernels {
 
 namespace {
 
-void cublas_check(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw CudaError(fmt::format("{} failed: {} ({}) ({}:{})", call, cublasGetStatusName(s), cublasGetStatusString(s),
-                                file, line),
-                    cudaErrorUnknown);
-}
-#define FP64_CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
-
-// Where a Grown buffer lives: device memory, or page-locked host memory (copies from it run at
-// the bus's rate and asynchronously, where copies from pageable memory go through the driver's
-// own staging).
-struct DeviceMemory {
-  static void* allocate(size_t n) {
-    void* p = nullptr;
-    MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
-    return p;
-  }
-  static cudaError_t release(void* p) { return cudaFree(p); }
-};
-struct PinnedMemory {
-  static void* allocate(size_t n) {
-    void* p = nullptr;
-    MOECHECK_CUDA_CHECK(cudaHostAlloc(&p, n, cudaHostAllocDefault));
-    return p;
-  }
-  static cudaError_t release(void* p) { return cudaFreeHost(p); }
-};
-
-// A buffer grown to the largest request (contents not kept across growth).
-template <class Memory>
-struct Grown {
-  void* p = nullptr;
-  size_t bytes = 0;
-  ~Grown() {
-    if (p) Memory::release(p);
-  }
-  template <class T>
-  T* at_least(size_t count) {
-    const size_t need = count * sizeof(T);
-    if (need > bytes) {
-      if (p) MOECHECK_CUDA_CHECK(Memory::release(p));
-      p = nullptr, bytes = 0;
-      p = Memory::allocate(need);
-      bytes = need;
-    }
-    return static_cast<T*>(p);
-  }
-};
-using GrownDevice = Grown<DeviceMemory>;
-using GrownPinned = Grown<PinnedMemory>;
-
-// Copies n bytes from pageable src to device dst through the pinned buffer stage, in pieces, so
-// that the CPU's copy of one piece overlaps the bus transfer of the previous one.
-void upload_staged(void* dst, const void* src, size_t n, GrownPinned& stage, cudaStream_t stream) {
-  constexpr size_t kPiece = size_t(4) << 20;
-  char* pin = stage.at_least<char>(n);
-  for (size_t off = 0; off < n; off += kPiece) {
-    const size_t len = std::min(kPiece, n - off);
-    std::memcpy(pin + off, static_cast<const char*>(src) + off, len);
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, pin + off, len, cudaMemcpyHostToDevice, stream));
-  }
-}
-
-struct Context {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t handle = nullptr;
-  GrownDevice codes, scales, w, a, out;
-  GrownPinned pin_codes, pin_a, pin_out;
-  cudaEvent_t upload_start = nullptr;                           // before the first copy up
-  cudaEvent_t compute_start = nullptr, compute_end = nullptr;  // around dequantize + DGEMM
-  Context() {
-    try {
-      MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      MOECHECK_CUDA_CHECK(cudaEventCreate(&upload_start));
-      MOECHECK_CUDA_CHECK(cudaEventCreate(&compute_start));
-      MOECHECK_CUDA_CHECK(cudaEventCreate(&compute_end));
-      FP64_CUBLAS_CHECK(cublasCreate(&handle));
-      FP64_CUBLAS_CHECK(cublasSetStream(handle, stream));
-      // Pedantic: the prescribed precision in every phase (no TF32-like or emulated FP64 paths).
-      FP64_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
-    } catch (...) {
-      release_handles();
-      throw;
-    }
-  }
-  ~Context() { release_handles(); }
-  void release_handles() {
-    if (upload_start) cudaEventDestroy(upload_start), upload_start = nullptr;
-    if (compute_start) cudaEventDestroy(compute_start), compute_start = nullptr;
-    if (compute_end) cudaEventDestroy(compute_end), compute_end = nullptr;
-    if (handle) cublasDestroy(handle), handle = nullptr;
-    if (stream) cudaStreamDestroy(stream), stream = nullptr;
-  }
-};
+using namespace fp64;
 
 class CudaWeightProducts final : public WeightProducts {
  public:
@@ -154,12 +65,46 @@ class CudaWeightProducts final : public WeightProducts {
     bytes_ += double(N * K) + 8.0 * double(n * (K + N));
   }
 
-  std::string describe() const override { return device_ + ", cuBLAS DGEMM (pedantic math)"; }
+  bool multiply_with_extras(const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K,
+                            int64_t B, double* out, const ProductExtras& ex) override {
+    if (n == 0 || failed_.load()) return false;
+    Context& c = acquire();
+    const auto t0 = std::chrono::steady_clock::now();
+    ProductTiming tm;
+    bool ran = false;
+    try {
+      ran = run_with_extras(c, a, n, codes, scales, N, K, B, out, ex, &tm);
+    } catch (const CudaError& e) {
+      // The budget's products fall back to this CPU for the rest of the run (the caller computes
+      // this product there): a full or failing GPU costs time, not the judgement. Said once.
+      cudaStreamSynchronize(c.stream);  // nothing of the failed product may still be running
+      release(c);
+      if (!failed_.exchange(true))
+        std::cerr << "moecheck: the budget's products on the GPU failed (" << e.what()
+                  << "); they run on this CPU from here on\n";
+      return false;
+    } catch (...) {
+      cudaStreamSynchronize(c.stream);
+      release(c);
+      throw;
+    }
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    release(c);
+    std::lock_guard<std::mutex> lock(m_);
+    ++extras_calls_, busy_s_ += busy, compute_s_ += tm.compute, upload_s_ += tm.upload;
+    if (!ran) ++declined_;
+    return ran;
+  }
+
+  std::string describe() const override {
+    return device_ + ", cuBLAS DGEMM (pedantic math), the budget's products on the GPU";
+  }
   std::string activity() const override {
     std::lock_guard<std::mutex> lock(m_);
-    return fmt::format("{} products on up to {} streams, {:.2f} GB moved over PCIe, {:.3f} s busy (summed over streams), "
-                       "of which {:.3f} s uploading and {:.3f} s GPU compute (dequantize + DGEMM; CUDA events)",
-                       calls_, max_, bytes_ * 1e-9, busy_s_, upload_s_, compute_s_);
+    return fmt::format("{} products and {} with the budget's extras ({} left to the CPU) on up to {} streams, "
+                       "{:.2f} GB of plain products moved over PCIe, {:.3f} s busy (summed over streams), of which "
+                       "{:.3f} s uploading and {:.3f} s GPU compute (CUDA events)",
+                       calls_, extras_calls_, declined_, max_, bytes_ * 1e-9, busy_s_, upload_s_, compute_s_);
   }
 
  private:
@@ -220,7 +165,8 @@ class CudaWeightProducts final : public WeightProducts {
   const int max_;
   const std::string device_;
   mutable std::mutex m_;
-  int64_t calls_ = 0;
+  int64_t calls_ = 0, extras_calls_ = 0, declined_ = 0;
+  std::atomic<bool> failed_{false};  // a CUDA or cuBLAS failure of the budget's products
   double busy_s_ = 0, bytes_ = 0, compute_s_ = 0, upload_s_ = 0;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Context>> all_;

@@ -1,13 +1,13 @@
 // The float path of the truncation bound (truncation_bound.hpp, "float32 fast path") for one pair
 // of an input row and a weight row, one K block at a time: the portable form, written once for
-// this CPU's portable loop (truncation_bound.cpp) and the GPU's (kernels/budget_extras.cu), so
+// this CPU's portable loop (truncation_bound.cpp) and the GPU's (kernels/fp64_budget_extras.cu), so
 // both evaluate the same operations in the same order.
 //
 // Bits: every operation here is a single IEEE operation rounded to nearest (float or double),
 // with no contraction of a * b + c into a fused multiply-add: the CPU build has
 // -ffp-contract=off, the GPU file --fmad=false; IEEE division and gradual underflow on both
 // (--prec-div=true --ftz=false). The weights' e4m3 values are exact in float either way. So the
-// two give the same results bit for bit (tests/gpu_reference_test.cpp checks it).
+// two give the same results bit for bit (tests/gpu_budget_products_test.cpp checks it).
 //
 // Plain C++17 so that nvcc compiles it too; MOECHECK_HD marks the functions for both sides.
 #pragma once

@@ -12,8 +12,13 @@ if(MOECHECK_HAVE_CUDA)
     SOURCES gpu_reference_test.cpp gpu_test_support.cpp reference_agreement.cpp
     LABELS gpu
     LIBS moecheck_kernels moecheck_sweep)
+  # The budget's extra products on the GPU (ProductExtras) against the CPU's.
+  moecheck_add_test(gpu_budget_products_test
+    SOURCES gpu_budget_products_test.cpp gpu_test_support.cpp reference_agreement.cpp
+    LABELS gpu
+    LIBS moecheck_kernels moecheck_sweep)
 endif()
-foreach(t gpu_kernels_test gpu_reference_test)
+foreach(t gpu_kernels_test gpu_reference_test gpu_budget_products_test)
   if(TARGET ${t})
     # Link the shared CUDA runtime that moecheck_kernels uses (CMake would add the static one too).
     set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)

@@ -1,0 +1,134 @@
+// The budget's extra products on the GPU (fp64_budget_extras.hpp). Compiled with --fmad=false
+// (kernels/CMakeLists.txt): the truncation pass is truncation_pair.hpp's portable form, and
+// without contraction it gives this CPU's portable loop's bits; the column squares likewise.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/fp64_budget_extras.hpp"
+#include "reference/truncation_pair.hpp"
+
+namespace moecheck::kernels {
+
+namespace {
+
+namespace tp = truncation_pair;
+
+// e4m3fn: S.EEEE.MMM, bias 7. A normal code is 2^(E-7) (1 + M/8): as a float, exponent field
+// E + 120 and the mantissa's top three bits M; a subnormal is M 2^-9; S.1111.111 is NaN. Exact.
+__device__ float e4m3_value(uint8_t c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  float v = e == 0 ? float(m) * 0x1p-9f : __int_as_float(((e + 120) << 23) | (m << 20));
+  if (e == 0xF && m == 7) v = __int_as_float(0x7FC00000);
+  return (c & 0x80) ? -v : v;
+}
+
+// A weight row read from its codes, with the values of weight_panel.hpp: dec; mag = |dec|, NaN
+// where dec = 0; maga = max(|dec|, 2^-6), NaN where dec = 0 (and for a NaN code).
+struct CodeRow {
+  const uint8_t* q;
+  __device__ float d(int64_t k) const { return e4m3_value(q[k]); }
+  __device__ float m(int64_t k) const {
+    const float v = d(k);
+    return v != 0 ? fabsf(v) : __int_as_float(0x7FC00000);
+  }
+  __device__ float ma(int64_t k) const {
+    const float v = m(k);
+    return v == v ? (v < 0x1p-6f ? 0x1p-6f : v) : v;
+  }
+};
+
+// One thread per pair: 32 weight rows (x) by 4 input rows (y) per block, so a warp shares its
+// input row (broadcast loads) and reads 32 weight rows from L1.
+constexpr int kRowsO = 32, kRowsR = 4;
+
+__global__ void __launch_bounds__(kRowsO* kRowsR) truncation_pass(TruncationPassArgs a) {
+  const int64_t o = int64_t(blockIdx.x) * kRowsO + threadIdx.x, r = int64_t(blockIdx.y) * kRowsR + threadIdx.y;
+  if (o >= a.N || r >= a.n) return;
+  const int64_t K = a.K, kb = (K + a.B - 1) / a.B, per_block = (a.B + a.m - 1) / a.m;
+  const CodeRow w{a.codes + o * K};
+  const tp::InputRow x{a.af + r * K,
+                       a.hf + r * K,
+                       a.lf + r * K,
+                       a.in ? a.in + r * K : nullptr,
+                       a.code ? a.code + r * K : nullptr,
+                       a.field ? a.field + r * K : nullptr};
+  const float* srow = a.scales + (o / a.B) * kb;
+  tp::ChunkValues cv[kGpuMaxBlockChunks];
+  tp::PairState st;
+  for (int64_t b = 0; b < kb; ++b) {
+    const int64_t k0 = b * a.B, len = (K < k0 + a.B ? K : k0 + a.B) - k0;
+    float bmx = 0;  // the block's largest |dec| (NaN skipped, as std::max skips a second NaN)
+    for (int64_t k = k0; k < k0 + len; ++k) {
+      const float v = w.m(k);
+      bmx = bmx < v ? v : bmx;
+    }
+    const double s = srow[b];
+    const double cs = a.cscale ? fabs(s) * a.cscale[r * kb + b] : 0.0;
+    tp::pair_block(a.g1, a.r1, k0, len, a.m, a.dcum + r * a.C + b * per_block, s, cs, double(bmx), a.var != nullptr, x,
+                   w, cv, st);
+  }
+  a.err[r * a.N + o] = tp::pair_err(st, a.in != nullptr);
+  if (a.abs_out) a.abs_out[r * a.N + o] = st.ab;
+  if (a.var) a.var[r * a.N + o] = st.V;
+  if (!st.finite) atomicAnd(a.finite, 0);
+}
+
+__global__ void weight_forms(const double* __restrict__ w, int64_t count, double* __restrict__ wabs,
+                             float* __restrict__ wsq, float* __restrict__ wf) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = w[i];
+    if (wabs) wabs[i] = fabs(v);
+    if (wsq) wsq[i] = float(v * v);
+    if (wf) wf[i] = float(v);
+  }
+}
+
+__global__ void to_float(const double* __restrict__ from, int64_t count, float* __restrict__ to) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    to[i] = float(from[i]);
+}
+
+__global__ void column_squares(const double* __restrict__ w, int64_t N, int64_t K, double* __restrict__ col_sq) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < K; k += int64_t(gridDim.x) * blockDim.x) {
+    double s = 0;
+    for (int64_t o = 0; o < N; ++o) s += w[o * K + k] * w[o * K + k];
+    col_sq[k] = s;
+  }
+}
+
+unsigned grid_for(int64_t count) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((count + 255) / 256, 4096))); }
+
+}  // namespace
+
+bool truncation_pass_fits(int64_t n, int64_t N) {
+  return (n + kRowsR - 1) / kRowsR <= 65535 && (N + kRowsO - 1) / kRowsO <= int64_t(0x7FFFFFFF);
+}
+
+void launch_truncation_pass(const TruncationPassArgs& a, cudaStream_t stream) {
+  if (a.n == 0 || a.N == 0) return;
+  const dim3 grid(unsigned((a.N + kRowsO - 1) / kRowsO), unsigned((a.n + kRowsR - 1) / kRowsR));
+  truncation_pass<<<grid, dim3(kRowsO, kRowsR), 0, stream>>>(a);
+  MOECHECK_CUDA_CHECK_LAUNCH("truncation_pass");
+}
+
+void launch_weight_forms(const double* w, int64_t count, double* wabs, float* wsq, float* wf, cudaStream_t stream) {
+  if (count == 0 || (!wabs && !wsq && !wf)) return;
+  weight_forms<<<grid_for(count), 256, 0, stream>>>(w, count, wabs, wsq, wf);
+  MOECHECK_CUDA_CHECK_LAUNCH("weight_forms");
+}
+
+void launch_to_float(const double* from, int64_t count, float* to, cudaStream_t stream) {
+  if (count == 0) return;
+  to_float<<<grid_for(count), 256, 0, stream>>>(from, count, to);
+  MOECHECK_CUDA_CHECK_LAUNCH("to_float");
+}
+
+void launch_column_squares(const double* w, int64_t N, int64_t K, double* col_sq, cudaStream_t stream) {
+  if (K == 0) return;
+  column_squares<<<grid_for(K), 256, 0, stream>>>(w, N, K, col_sq);
+  MOECHECK_CUDA_CHECK_LAUNCH("column_squares");
+}
+
+}  // namespace moecheck::kernels
