@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # GPU-host check of the CUDA kernels, run from inside the bundle that
 # /work/shared/tools/bundle-for-gpu-host makes (bin/gpu_kernels_test + lib/):
-#   .gpu-bundle/run bash gpu_device_check.sh [all|sanitize|both]
+#   .gpu-bundle/run bash gpu_device_check.sh [all|sanitize|both|budget]
 # Writes logs to $OUT (or /tmp/gpu-check): the device, the FP8 MMA instructions in the SASS,
 # the full test log, and (sanitize) compute-sanitizer memcheck + racecheck on a small set.
+# budget: the budget's products on the GPU (bin/gpu_budget_products_test and bin/moecheck in the
+# bundle): the tests with both forms of the truncation pass, both sanitizers on its bit test, and
+# compare's time on the GPU beside the CPU's (bench reference, line-buffered so a timeout keeps
+# what was printed), within about 300 s.
 set -uo pipefail
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
@@ -16,6 +20,26 @@ if command -v cuobjdump >/dev/null; then
   grep -oE '\b[A-Z]*MMA[.A-Z0-9_]*' "$out/sass.txt" | sort | uniq -c | tee "$out/mma.txt"
 fi
 rc=0
+if [ "$mode" = budget ]; then
+  step() {  # step LIMIT NAME COMMAND...: run, log to $out/NAME.txt, say the exit code and the tail
+    local lim=$1 name=$2; shift 2
+    timeout "$lim" stdbuf -oL "$@" > "$out/$name.txt" 2>&1
+    local r=$?
+    echo "== $name: exit $r"; tail -8 "$out/$name.txt"
+    [ $r -ne 0 ] && rc=$r
+  }
+  step 60 budget-test bin/gpu_budget_products_test
+  MOECHECK_TRUNCATION_KERNEL=simple step 40 budget-test-simple bin/gpu_budget_products_test --gtest_filter='*Truncation*'
+  for tool in memcheck racecheck; do
+    step 60 "$tool" compute-sanitizer --tool $tool --error-exitcode 9 bin/gpu_budget_products_test \
+      --gtest_filter='*Truncation*'
+  done
+  step 40 bench-small bin/moecheck bench reference --preset small-deepseek --tokens 512 --compare \
+    --budget-model hopper --device cuda --repeat 2
+  step 90 bench-dsv3-t64 bin/moecheck bench reference --preset deepseek-v3 --tokens 64 --compare \
+    --budget-model hopper --device cuda --repeat 1
+  exit $rc
+fi
 if [ "$mode" = all ] || [ "$mode" = both ]; then
   timeout 200 bin/gpu_kernels_test 2>&1 | tee "$out/log.txt"
   rc=${PIPESTATUS[0]}
