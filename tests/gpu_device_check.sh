@@ -14,7 +14,7 @@ mkdir -p "$out"
 mode=${1:-all}
 small='GpuQuant.*:GpuRouting.*:GpuPrologue.*:GpuGemm.Exact*:GpuGemm.Tiles*:GpuGemm.LargeBatch*:Cases/GpuMoe.StagesWithinBounds/large_batch_block_tiles:Cases/GpuMoe.StagesWithinBounds/t1_deepseek_grouped:Cases/GpuMoe.StagesWithinBounds/ep_tokens_without_local_expert:Cases/GpuMoe.StagesWithinBounds/ue8m0_up_gate_bf16:Cases/GpuMoe.StagesWithinBounds/bf16_entry_sigmoid_eps'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/device.txt"
-if command -v cuobjdump >/dev/null; then
+if [ "$mode" != budget ] && command -v cuobjdump >/dev/null; then
   cuobjdump -sass bin/gpu_kernels_test > "$out/sass.txt" 2>&1
   echo "MMA instructions in the SASS:"
   grep -oE '\b[A-Z]*MMA[.A-Z0-9_]*' "$out/sass.txt" | sort | uniq -c | tee "$out/mma.txt"
@@ -38,6 +38,10 @@ if [ "$mode" = budget ]; then
     --budget-model hopper --device cuda --repeat 2
   step 90 bench-dsv3-t64 bin/moecheck bench reference --preset deepseek-v3 --tokens 64 --compare \
     --budget-model hopper --device cuda --repeat 1
+  step 150 bench-dsv3-t1024 bin/moecheck bench reference --preset deepseek-v3 --tokens 1024 --compare \
+    --budget-model hopper --device cuda --repeat 1
+  # $OUT brings back few files: one archive of the logs.
+  (cd "$out" && tar czf budget-logs.tgz --remove-files ./*.txt)
   exit $rc
 fi
 if [ "$mode" = all ] || [ "$mode" = both ]; then

@@ -170,6 +170,11 @@ void time_compare(const MoeProblem& p, const ForwardOptions& opt, const std::str
   budget = rb.budget;
 }
 
+// Each measurement's time as it ends, on stderr: a run stopped by a time limit keeps them.
+void progress(int round, const std::string& what, double seconds) {
+  std::cerr << fmt::format("bench reference: round {}: {} {:.3f} s\n", round + 1, what, seconds);
+}
+
 // The reference and each compare model run in turn, `repeat` rounds, so that a slow spell of the
 // machine falls on all of them alike; the figures are medians (and the ratios are of medians).
 Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vector<std::string>& compare_models,
@@ -183,7 +188,11 @@ Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vec
     x.r = moe_forward(p, opt);
     x.ref_s.push_back(seconds_since(t0));
     x.ref_cpu.push_back(process_cpu_seconds() - c0);
-    for (size_t i = 0; i < nm; ++i) time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i], x.cmp_budget[i]);
+    progress(round, "reference on the CPU", x.ref_s.back());
+    for (size_t i = 0; i < nm; ++i) {
+      time_compare(p, opt, compare_models[i], x.cmp_s[i], x.cmp_cpu[i], x.cmp_budget[i]);
+      progress(round, "compare " + compare_models[i] + " on the CPU", x.cmp_s[i].back());
+    }
     // The GPU's products last, so that the peak RSS of the CPU's own passes is measured first.
     if (round == 0) x.cpu_rss = peak_rss_bytes();
     if (products) {
@@ -192,9 +201,12 @@ Rounds run_rounds(const MoeProblem& p, const ForwardOptions& opt, const std::vec
       const auto td = Clock::now();
       x.rd = moe_forward(p, od);
       x.dev_s.push_back(seconds_since(td));
+      progress(round, "reference on the GPU", x.dev_s.back());
       std::vector<double> unused;
-      for (size_t i = 0; i < nm; ++i)
+      for (size_t i = 0; i < nm; ++i) {
         time_compare(p, od, compare_models[i], x.cmp_dev_s[i], unused, x.cmp_dev_budget[i]);
+        progress(round, "compare " + compare_models[i] + " on the GPU", x.cmp_dev_s[i].back());
+      }
     }
     std::cerr << fmt::format("bench reference: round {} of {} done\n", round + 1, repeat);
   }
