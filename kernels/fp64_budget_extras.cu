@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/fp64_budget_extras.hpp"
@@ -75,6 +77,98 @@ __global__ void __launch_bounds__(kRowsO* kRowsR) truncation_pass(TruncationPass
   if (!st.finite) atomicAnd(a.finite, 0);
 }
 
+// The same pass with the block's operands staged in shared memory, K block by K block: the
+// weight tile of 32 rows decoded once (rows padded to an odd length, B | 1 floats: a warp's 32
+// weight rows fall in 32 banks), the input rows' tiles of 8 rows (read by a whole warp at once: broadcast). Every
+// pair then reads its operands from shared memory instead of from L1 with 32 lines per load.
+constexpr int kTileO = 32, kTileR = 8, kInputArrays = 6;
+
+size_t tiled_smem_bytes(int64_t B) { return size_t(kTileO * (B | 1) + kInputArrays * kTileR * B) * sizeof(float); }
+
+// An input row's tile: its values of the current K block, at absolute k.
+struct TileRow {
+  const float *af_, *hf_, *lf_, *in_, *code_, *field_;
+  int64_t k0;
+  __device__ float af(int64_t k) const { return af_[k - k0]; }
+  __device__ float hf(int64_t k) const { return hf_[k - k0]; }
+  __device__ float lf(int64_t k) const { return lf_[k - k0]; }
+  __device__ float in(int64_t k) const { return in_[k - k0]; }
+  __device__ float code(int64_t k) const { return code_[k - k0]; }
+  __device__ float field(int64_t k) const { return field_[k - k0]; }
+  __device__ bool has_in() const { return in_ != nullptr; }
+};
+// A weight row's tile: the decoded values of the current K block (mag and maga as CodeRow's).
+struct TileWeight {
+  const float* dec;
+  int64_t k0;
+  __device__ float d(int64_t k) const { return dec[k - k0]; }
+  __device__ float m(int64_t k) const {
+    const float v = d(k);
+    return v != 0 ? fabsf(v) : __int_as_float(0x7FC00000);
+  }
+  __device__ float ma(int64_t k) const {
+    const float v = m(k);
+    return v == v ? (v < 0x1p-6f ? 0x1p-6f : v) : v;
+  }
+};
+
+__global__ void __launch_bounds__(kTileO* kTileR) truncation_pass_tiled(TruncationPassArgs a) {
+  extern __shared__ float smem[];
+  const int64_t B = a.B, ld = B | 1, K = a.K;
+  float* wt = smem;
+  float* tile[kInputArrays];
+  for (int i = 0; i < kInputArrays; ++i) tile[i] = wt + kTileO * ld + i * kTileR * B;
+  const float* src[kInputArrays] = {a.af, a.hf, a.lf, a.in, a.code, a.field};
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kTileO + tx, nthreads = kTileO * kTileR;
+  const int64_t o0 = int64_t(blockIdx.x) * kTileO, r0 = int64_t(blockIdx.y) * kTileR;
+  const int64_t o = o0 + tx, r = r0 + ty;
+  const bool active = o < a.N && r < a.n;
+  const int64_t kb = (K + B - 1) / B, per_block = (B + a.m - 1) / a.m;
+  TileRow x{tile[0] + ty * B,
+            tile[1] + ty * B,
+            tile[2] + ty * B,
+            a.in ? tile[3] + ty * B : nullptr,
+            a.code ? tile[4] + ty * B : nullptr,
+            a.field ? tile[5] + ty * B : nullptr,
+            0};
+  TileWeight w{wt + tx * ld, 0};
+  const float* srow = a.scales + (o < a.N ? o / B : 0) * kb;
+  tp::ChunkValues cv[kGpuMaxBlockChunks];
+  tp::PairState st;
+  for (int64_t b = 0; b < kb; ++b) {
+    const int64_t k0 = b * B, len = (K < k0 + B ? K : k0 + B) - k0;
+    __syncthreads();  // every pair is done with the last block's tiles
+    for (int64_t i = tid; i < kTileO * len; i += nthreads) {
+      const int64_t ro = i / len, j = i % len, og = o0 + ro;
+      wt[ro * ld + j] = og < a.N ? e4m3_value(a.codes[og * K + k0 + j]) : 0.0f;
+    }
+    for (int t = 0; t < kInputArrays; ++t) {
+      if (!src[t]) continue;
+      for (int64_t i = tid; i < kTileR * len; i += nthreads) {
+        const int64_t rr = i / len, j = i % len, rg = r0 + rr;
+        tile[t][rr * B + j] = rg < a.n ? src[t][rg * K + k0 + j] : 0.0f;
+      }
+    }
+    __syncthreads();
+    if (!active) continue;
+    x.k0 = k0, w.k0 = k0;
+    float bmx = 0;  // the block's largest |dec| (NaN skipped, as std::max skips a second NaN)
+    for (int64_t k = k0; k < k0 + len; ++k) {
+      const float v = w.m(k);
+      bmx = bmx < v ? v : bmx;
+    }
+    const double s = srow[b];
+    const double cs = a.cscale ? fabs(s) * a.cscale[r * kb + b] : 0.0;
+    tp::pair_block(a.g1, a.r1, k0, len, a.m, a.dcum + r * a.C + b * per_block, s, cs, double(bmx), a.var != nullptr, x,
+                   w, cv, st);
+  }
+  if (!active) return;
+  a.err[r * a.N + o] = tp::pair_err(st, a.in != nullptr);
+  if (a.abs_out) a.abs_out[r * a.N + o] = st.ab;
+  if (a.var) a.var[r * a.N + o] = st.V;
+  if (!st.finite) atomicAnd(a.finite, 0);
+}
+
 __global__ void weight_forms(const double* __restrict__ w, int64_t count, double* __restrict__ wabs,
                              float* __restrict__ wsq, float* __restrict__ wf) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
@@ -106,8 +200,27 @@ bool truncation_pass_fits(int64_t n, int64_t N) {
   return (n + kRowsR - 1) / kRowsR <= 65535 && (N + kRowsO - 1) / kRowsO <= int64_t(0x7FFFFFFF);
 }
 
+namespace {
+// The tiled pass where its tiles fit the default 48 KiB of shared memory (blocks of up to 153),
+// unless MOECHECK_TRUNCATION_KERNEL=simple asks for the other form (for tests and measurements:
+// the two give the same bits; read once per process, any other value means tiled).
+bool use_tiled(int64_t B) {
+  static const bool simple = [] {
+    const char* e = std::getenv("MOECHECK_TRUNCATION_KERNEL");
+    return e && std::string(e) == "simple";
+  }();
+  return !simple && tiled_smem_bytes(B) <= 48 * 1024;
+}
+}  // namespace
+
 void launch_truncation_pass(const TruncationPassArgs& a, cudaStream_t stream) {
   if (a.n == 0 || a.N == 0) return;
+  if (use_tiled(a.B)) {
+    const dim3 grid(unsigned((a.N + kTileO - 1) / kTileO), unsigned((a.n + kTileR - 1) / kTileR));
+    truncation_pass_tiled<<<grid, dim3(kTileO, kTileR), tiled_smem_bytes(a.B), stream>>>(a);
+    MOECHECK_CUDA_CHECK_LAUNCH("truncation_pass_tiled");
+    return;
+  }
   const dim3 grid(unsigned((a.N + kRowsO - 1) / kRowsO), unsigned((a.n + kRowsR - 1) / kRowsR));
   truncation_pass<<<grid, dim3(kRowsO, kRowsR), 0, stream>>>(a);
   MOECHECK_CUDA_CHECK_LAUNCH("truncation_pass");

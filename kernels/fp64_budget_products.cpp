@@ -166,7 +166,9 @@ bool run_with_extras(Context& c, const double* a, int64_t n, const uint8_t* code
     ta.var = var ? at<double>(dout, p_var) : nullptr;
     ta.abs_out = t->abs_in ? at<double>(dout, p_tabs) : nullptr;
     ta.finite = at<int>(dout, p_finite);
+    MOECHECK_CUDA_CHECK(cudaEventRecord(c.trunc_start, c.stream));
     launch_truncation_pass(ta, c.stream);
+    MOECHECK_CUDA_CHECK(cudaEventRecord(c.trunc_end, c.stream));
   }
   MOECHECK_CUDA_CHECK(cudaEventRecord(c.compute_end, c.stream));
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(pout, dout, out_bytes, cudaMemcpyDeviceToHost, c.stream));
@@ -174,7 +176,9 @@ bool run_with_extras(Context& c, const double* a, int64_t n, const uint8_t* code
   float up_ms = 0, ms = 0;
   MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&up_ms, c.upload_start, c.compute_start));
   MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, c.compute_start, c.compute_end));
-  if (tm) tm->upload = 1e-3 * up_ms, tm->compute = 1e-3 * ms;
+  float tr_ms = 0;
+  if (t) MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&tr_ms, c.trunc_start, c.trunc_end));
+  if (tm) tm->upload = 1e-3 * up_ms, tm->compute = 1e-3 * ms, tm->truncation = 1e-3 * tr_ms;
 
   if (t && *at<int>(pout, p_finite) == 0) return false;  // the CPU's double path takes this product
   // Every output was poisoned with NaN and every input is finite (the case reader's rules), so a

@@ -11,6 +11,7 @@ namespace moecheck::kernels::fp64 {
 
 struct ProductTiming {
   double upload = 0, compute = 0;  // seconds (CUDA events): copies up; the kernels and GEMMs
+  double truncation = 0;           // of compute: the truncation pass
 };
 
 // out = a W^T and ex's extras on c, the layout of WeightProducts::multiply_with_extras. False

@@ -89,12 +89,15 @@ struct Context {
   GrownPinned pin_in_pack, pin_out_pack;
   cudaEvent_t upload_start = nullptr;                           // before the first copy up
   cudaEvent_t compute_start = nullptr, compute_end = nullptr;  // around the product's kernels and GEMMs
+  cudaEvent_t trunc_start = nullptr, trunc_end = nullptr;      // around the truncation pass
   Context() {
     try {
       MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       MOECHECK_CUDA_CHECK(cudaEventCreate(&upload_start));
       MOECHECK_CUDA_CHECK(cudaEventCreate(&compute_start));
       MOECHECK_CUDA_CHECK(cudaEventCreate(&compute_end));
+      MOECHECK_CUDA_CHECK(cudaEventCreate(&trunc_start));
+      MOECHECK_CUDA_CHECK(cudaEventCreate(&trunc_end));
       FP64_CUBLAS_CHECK(cublasCreate(&handle));
       FP64_CUBLAS_CHECK(cublasSetStream(handle, stream));
       // Pedantic: the prescribed precision in every phase (no TF32-like or emulated FP64 paths).
@@ -109,6 +112,8 @@ struct Context {
     if (upload_start) cudaEventDestroy(upload_start), upload_start = nullptr;
     if (compute_start) cudaEventDestroy(compute_start), compute_start = nullptr;
     if (compute_end) cudaEventDestroy(compute_end), compute_end = nullptr;
+    if (trunc_start) cudaEventDestroy(trunc_start), trunc_start = nullptr;
+    if (trunc_end) cudaEventDestroy(trunc_end), trunc_end = nullptr;
     if (handle) cublasDestroy(handle), handle = nullptr;
     if (stream) cudaStreamDestroy(stream), stream = nullptr;
   }

@@ -91,7 +91,7 @@ class CudaWeightProducts final : public WeightProducts {
     const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     release(c);
     std::lock_guard<std::mutex> lock(m_);
-    ++extras_calls_, busy_s_ += busy, compute_s_ += tm.compute, upload_s_ += tm.upload;
+    ++extras_calls_, busy_s_ += busy, compute_s_ += tm.compute, upload_s_ += tm.upload, trunc_s_ += tm.truncation;
     if (!ran) ++declined_;
     return ran;
   }
@@ -103,8 +103,8 @@ class CudaWeightProducts final : public WeightProducts {
     std::lock_guard<std::mutex> lock(m_);
     return fmt::format("{} products and {} with the budget's extras ({} left to the CPU) on up to {} streams, "
                        "{:.2f} GB of plain products moved over PCIe, {:.3f} s busy (summed over streams), of which "
-                       "{:.3f} s uploading and {:.3f} s GPU compute (CUDA events)",
-                       calls_, extras_calls_, declined_, max_, bytes_ * 1e-9, busy_s_, upload_s_, compute_s_);
+                       "{:.3f} s uploading and {:.3f} s GPU compute (CUDA events; {:.3f} s of it the truncation pass)",
+                       calls_, extras_calls_, declined_, max_, bytes_ * 1e-9, busy_s_, upload_s_, compute_s_, trunc_s_);
   }
 
  private:
@@ -167,7 +167,7 @@ class CudaWeightProducts final : public WeightProducts {
   mutable std::mutex m_;
   int64_t calls_ = 0, extras_calls_ = 0, declined_ = 0;
   std::atomic<bool> failed_{false};  // a CUDA or cuBLAS failure of the budget's products
-  double busy_s_ = 0, bytes_ = 0, compute_s_ = 0, upload_s_ = 0;
+  double busy_s_ = 0, bytes_ = 0, compute_s_ = 0, upload_s_ = 0, trunc_s_ = 0;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Context>> all_;
   std::vector<Context*> free_;

@@ -99,15 +99,23 @@ struct WeightRowArrays {
   MOECHECK_HD float ma(int64_t k) const { return maga[k]; }
 };
 
-// One input row as the float path reads it (truncation_bound.hpp): af, hf, lf; in (nullptr: no
-// magnitude product); code and field (nullptr: no RowCodes).
+// One input row as the float path reads it (truncation_bound.hpp), at absolute k: af, hf, lf;
+// in (nullptr: no magnitude product); code and field (nullptr: no RowCodes). Another row type
+// (the GPU's tile in shared memory) provides the same members.
 struct InputRow {
-  const float* af;
-  const float* hf;
-  const float* lf;
-  const float* in;
-  const float* code;
-  const float* field;
+  const float* af_;
+  const float* hf_;
+  const float* lf_;
+  const float* in_;
+  const float* code_;
+  const float* field_;
+  MOECHECK_HD float af(int64_t k) const { return af_[k]; }
+  MOECHECK_HD float hf(int64_t k) const { return hf_[k]; }
+  MOECHECK_HD float lf(int64_t k) const { return lf_[k]; }
+  MOECHECK_HD float in(int64_t k) const { return in_[k]; }
+  MOECHECK_HD float code(int64_t k) const { return code_[k]; }
+  MOECHECK_HD float field(int64_t k) const { return field_[k]; }
+  MOECHECK_HD bool has_in() const { return in_ != nullptr; }
 };
 
 // A chunk's values that the bound's second pass reads from its first.
@@ -128,9 +136,9 @@ struct PairState {
 // model, or no variance wanted), bmx the weight row's largest |dec| in the block. var: whether the
 // variance is wanted. Reads input row x and weight row w at absolute k; cv: room for the block's
 // ceil(len / m) chunks.
-template <class WeightRow>
+template <class Row, class WeightRow>
 MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64_t m, const double* dc, double s,
-                            double cs, double bmx, bool var, const InputRow& x, const WeightRow& w, ChunkValues* cv,
+                            double cs, double bmx, bool var, const Row& x, const WeightRow& w, ChunkValues* cv,
                             PairState& st) {
   const int nc = int((len + m - 1) / m);
   const double as = ::fabs(s);
@@ -142,9 +150,9 @@ MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64
     float mx = 0;
     double dot = 0, ab = 0;
     for (int64_t k = a0; k < a1; ++k) {
-      const float p = x.hf[k] * w.ma(k);
+      const float p = x.hf(k) * w.ma(k);
       if (p > mx) mx = p;                          // NaN: skipped
-      dot += double(x.af[k]) * double(w.d(k));     // exact: 24 + 4 significant bits
+      dot += double(x.af(k)) * double(w.d(k));     // exact: 24 + 4 significant bits
     }
     ChunkValues& v = cv[c];
     v.mh = as * (double(mx) * kMaxRel + kAbs), v.dot = s * dot, v.dl = kSumRel * v.mh + kSumAbs * as;
@@ -152,7 +160,7 @@ MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64
     if (cs > 0) {
       float f = 0;
       for (int64_t k = a0; k < a1; ++k) {
-        const float t = x.field[k] * field_of(w.ma(k));
+        const float t = x.field(k) * field_of(w.ma(k));
         if (t > f) f = t;  // NaN: skipped
       }
       v.mf = f;
@@ -167,8 +175,8 @@ MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64
     const double Sn = S + v.dot, Dln = Dl + v.dl, Dn = v.drift;
     Eh += Th + r1 * (::fabs(Sn) + Dln + Dn + Eh + Th);
     S = Sn, Dl = Dln, D = Dn;
-    if (x.in) {  // the magnitude sum, exact products in |dec|, widened per chunk
-      for (int64_t k = a0; k < a1; ++k) ab += double(x.in[k]) * ::fabs(double(w.d(k)));
+    if (x.has_in()) {  // the magnitude sum, exact products in |dec|, widened per chunk
+      for (int64_t k = a0; k < a1; ++k) ab += double(x.in(k)) * ::fabs(double(w.d(k)));
       st.ab += as * (ab * kAbsRel + kAbsAbs);
     }
   }
@@ -182,7 +190,7 @@ MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64
     const ChunkValues& v = cv[c];
     const double G = g1 * max_of2(v.mh, first ? 0.0 : ::fabs(S) + Dl + D + E);
     int cnt = 0;
-    for (int64_t k = a0; k < a1; ++k) cnt += x.lf[k] * w.m(k) < v.thr;
+    for (int64_t k = a0; k < a1; ++k) cnt += x.lf(k) * w.m(k) < v.thr;
     const double T = (first ? 0.0 : G) + G * cnt;
     const double Sn = S + v.dot, Dln = Dl + v.dl, Dn = v.drift;
     E += T + r1 * (::fabs(Sn) + Dln + Dn + E + T);
@@ -193,11 +201,11 @@ MOECHECK_HD void pair_block(double g1, double r1, int64_t k0, int64_t len, int64
       const float gv = v.gv, inv = gv > 0 ? 1 / gv : 0.0f;
       double loss = 0;
       for (int64_t k = a0; k < a1; ++k) {
-        const float p = x.code[k] * w.d(k);
+        const float p = x.code(k) * w.d(k);
         if (p == p) {
           const float a = ::fabsf(p), l = a - gv * ::floorf(a * inv);
           loss += double(l) * double(l);
-        } else if (x.lf[k] * w.m(k) < v.thr) {
+        } else if (x.lf(k) * w.m(k) < v.thr) {
           loss += double(gv) * double(gv) / 3;
         }
       }
