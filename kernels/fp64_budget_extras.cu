@@ -31,14 +31,8 @@ __device__ float e4m3_value(uint8_t c) {
 struct CodeRow {
   const uint8_t* q;
   __device__ float d(int64_t k) const { return e4m3_value(q[k]); }
-  __device__ float m(int64_t k) const {
-    const float v = d(k);
-    return v != 0 ? fabsf(v) : __int_as_float(0x7FC00000);
-  }
-  __device__ float ma(int64_t k) const {
-    const float v = m(k);
-    return v == v ? (v < 0x1p-6f ? 0x1p-6f : v) : v;
-  }
+  __device__ float m(int64_t k) const { return tp::weight_mag(d(k)); }
+  __device__ float ma(int64_t k) const { return tp::weight_maga(d(k)); }
 };
 
 // One thread per pair: 32 weight rows (x) by 4 input rows (y) per block, so a warp shares its
@@ -102,14 +96,8 @@ struct TileWeight {
   const float* dec;
   int64_t k0;
   __device__ float d(int64_t k) const { return dec[k - k0]; }
-  __device__ float m(int64_t k) const {
-    const float v = d(k);
-    return v != 0 ? fabsf(v) : __int_as_float(0x7FC00000);
-  }
-  __device__ float ma(int64_t k) const {
-    const float v = m(k);
-    return v == v ? (v < 0x1p-6f ? 0x1p-6f : v) : v;
-  }
+  __device__ float m(int64_t k) const { return tp::weight_mag(d(k)); }
+  __device__ float ma(int64_t k) const { return tp::weight_maga(d(k)); }
 };
 
 __global__ void __launch_bounds__(kTileO* kTileR) truncation_pass_tiled(TruncationPassArgs a) {

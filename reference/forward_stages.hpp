@@ -17,6 +17,7 @@
 #include "reference/noise_model.hpp"
 #include "reference/requant_projection.hpp"
 #include "reference/truncation_bound.hpp"
+#include "reference/truncation_pair.hpp"
 
 namespace moecheck::forward {
 
@@ -50,7 +51,7 @@ float* aligned_floats(std::vector<float>& v, size_t n);
 
 // The weights' alignment magnitude A(w) (truncation_bound.hpp): an e4m3 subnormal code aligns as
 // 2^-6 of its block's scale.
-constexpr double kSubnormalAlign = 0x1p-6;
+using truncation_pair::kSubnormalAlign;
 
 // Products computed from the same dequantized panels as the main one (the budgets' extras):
 // abs: out = in * |W|^T, the sums of magnitudes; back: back = out * W [n, K], the main product's

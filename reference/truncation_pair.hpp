@@ -88,6 +88,16 @@ MOECHECK_HD float field_of(float maga) {
 #endif
 }
 
+// The float operands of a weight's e4m3 value d (without its block scale): mag = |d|, NaN where
+// d = 0 (a zero weight adds no error, and the NaN marks it for the passes that skip it); maga =
+// max(|d|, 2^-6), the alignment magnitude (every e4m3 subnormal aligns as 2^-6), NaN where d = 0.
+constexpr float kSubnormalAlign = 0x1p-6f;
+MOECHECK_HD float weight_mag(float d) { return d != 0 ? std::fabs(d) : NAN; }
+MOECHECK_HD float weight_maga(float d) {
+  const float m = weight_mag(d);
+  return m == m ? max_of2(m, kSubnormalAlign) : m;
+}
+
 // A weight row as the float path reads it (weight_panel.hpp): dec, the code's e4m3 value; mag =
 // |dec|, NaN where dec = 0; maga = max(|dec|, 2^-6), NaN where dec = 0.
 struct WeightRowArrays {

@@ -6,6 +6,7 @@
 
 #include "reference/fp8_quant.hpp"
 #include "reference/fp8_formats.hpp"
+#include "reference/truncation_pair.hpp"
 #if defined(__AVX2__)
 #define MOECHECK_PANEL_AVX2 1
 #include <immintrin.h>
@@ -15,7 +16,7 @@ namespace moecheck {
 
 namespace {
 
-constexpr float kSubnormalAlign = 0x1p-6f;  // the alignment magnitude of every e4m3 subnormal code
+using truncation_pair::kSubnormalAlign;
 
 #ifdef MOECHECK_PANEL_AVX2
 // Eight e4m3 codes to float, by arithmetic instead of a table: the magnitude bits placed at the
@@ -68,13 +69,6 @@ void segment_avx2(const uint8_t* q, int64_t k0, int64_t k1, float s, double* o, 
 }
 #endif
 
-// The float operands of one code (weight_panel.hpp).
-float code_mag(float d) { return d != 0 ? std::fabs(d) : NAN; }
-float code_maga(float d) {
-  const float m = code_mag(d);
-  return std::isnan(m) ? m : std::max(m, kSubnormalAlign);
-}
-
 }  // namespace
 
 void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t B, int64_t r0, int64_t nr,
@@ -96,7 +90,8 @@ void dequant_panel(const uint8_t* codes, const float* scales, int64_t K, int64_t
     for (int i = 0; i < 256; ++i) lut[c * 512 + i] = double(table[i]) * s, lut[c * 512 + 256 + i] = std::fabs(lut[c * 512 + i]);
   }
   float ftab[768];  // dec, then mag, then maga, per code
-  for (int i = 0; i < 256; ++i) ftab[i] = table[i], ftab[256 + i] = code_mag(table[i]), ftab[512 + i] = code_maga(table[i]);
+  for (int i = 0; i < 256; ++i) ftab[i] = table[i], ftab[256 + i] = truncation_pair::weight_mag(table[i]),
+                              ftab[512 + i] = truncation_pair::weight_maga(table[i]);
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* q = codes + (r0 + r) * K;
     double* o = out.w + r * K;
