@@ -71,11 +71,11 @@ TEST(CliPipeline, BadInputsExitTwo) {
     EXPECT_NE(r.err.find("--device: cuda: "), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("ref-gpu.h5")));
   }
-  // An unknown device is a usage error; the CPU stores the budget.
+  // An unknown device is a usage error; auto runs wherever it can and stores the budget.
   r = moecheck({"compare", c, "--device", "tpu"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
-  r = moecheck({"reference", c, "--device", "cpu", "--budget-model", "hopper", "-o", dir.file("ref-cpu.h5")});
+  r = moecheck({"reference", c, "--device", "auto", "--budget-model", "hopper", "-o", dir.file("ref-auto.h5")});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("weight products and the budget's on "), std::string::npos) << r.err;
 }

@@ -30,7 +30,7 @@ namespace moecheck::cli {
 
 namespace {
 struct Opts {
-  std::string path, output, tier = "quantized", json, html, junit, model, device = "cpu";
+  std::string path, output, tier = "quantized", json, html, junit, model, device = "auto";
   bool all = false, quiet = false, allow_vacuous = false, requant_test = true;
 };
 
@@ -108,14 +108,16 @@ void register_compare(CLI::App& app) {
                 "intermediate is beta = -1 along a direction the reference computes; --no-requant-test leaves it "
                 "out and saves its second pass over W2");
   sub->add_option("--device", o->device,
-                  "where the reference's products and the budget's run: cpu (the default) or cuda, the GPU "
-                  "(BUDGETS.md §11)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "where the reference's products and the budget's run: auto (the GPU when one is usable and the "
+                  "case's products reach 10 GFLOP, the default), cpu, or cuda (BUDGETS.md §11)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
-    const std::unique_ptr<WeightProducts> products_owner = judge::reference_products(o->device);
-    WeightProducts* products = products_owner.get();
+    judge::ReferenceDevice device(o->device);
+    WeightProducts* products = device.for_case(cp.config(), cp.tokens());
+    if (!o->quiet && !device.why_not_gpu().empty())
+      std::cerr << "moecheck: --device auto: the reference runs on this CPU (" << device.why_not_gpu() << ")\n";
     const auto t0 = std::chrono::steady_clock::now();
     const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o, products));
     const std::vector<CompareResult>& results = j.results;

@@ -43,7 +43,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct GateOptions {
-  std::string backend, golden, work_dir, junit, shrink_dir, presets_csv, device = "cpu";
+  std::string backend, golden, work_dir, junit, shrink_dir, presets_csv, device = "auto";
   std::vector<std::string> recipes;  // --recipe, in order (gate_sweep.hpp apply_recipes)
   int64_t cases = 100, case_index = -1, shrink = 1, int32_threshold = 0, max_failures = 0;
   double time = 0;
@@ -105,7 +105,7 @@ sweep::GateRequest resolve_request(GateOptions& o, std::string& why) {
   q.shrink = o.shrink, q.max_failures = o.max_failures, q.int32_threshold = o.int32_threshold;
   q.expert_outputs = !o.no_expert_outputs, q.allow_vacuous = o.allow_vacuous, q.verbose = o.verbose;
   q.shard = shard;
-  q.reference_products = judge::reference_products(o.device);
+  q.reference_device = std::make_shared<judge::ReferenceDevice>(o.device);
   return q;
 }
 
@@ -128,8 +128,11 @@ int run_gate(GateOptions& o) {
   std::string why;
   sweep::GateRequest q = resolve_request(o, why);
   std::cout << fmt::format("gate: backend {} ({}), seed {}, presets {}\n", q.backend, why, q.seed, fmt::join(q.presets, ","));
-  if (q.reference_products)
-    std::cout << fmt::format("gate: the references' products and the budget's on {}\n", q.reference_products->describe());
+  if (o.device == "cuda") std::cout << "gate: the references' products and the budget's on the GPU (--device cuda)\n";
+  if (o.device == "auto")
+    std::cout << fmt::format("gate: the references' products and the budget's on the GPU for cases of {:g} GFLOP or more "
+                             "where one is usable, else on this CPU (--device auto)\n",
+                             judge::ReferenceDevice::kAutoGpuFlops * 1e-9);
   if (q.shard.plan)
     std::cout << fmt::format("gate: every sweep case run over {} ranks ({}) and judged as a layer, per rank and for "
                              "the reduction; cases the split does not fit are not judged\n",
@@ -211,8 +214,9 @@ void register_gate(CLI::App& app) {
   sub->add_flag("-v,--verbose", o->verbose, "print every sweep case with its make-case command");
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
   sub->add_option("--device", o->device,
-                  "where the references' products and the budget's run: cpu (the default) or cuda (compare --device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "where the references' products and the budget's run: auto (the GPU for cases whose products reach "
+                  "10 GFLOP, the default), cpu, or cuda (compare --device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_flag("-q,--quiet", o->quiet, "no progress line");
   add_exec_timeout_option(sub);
   add_shard_options(sub, o->shard);

@@ -1,9 +1,10 @@
-// `moecheck reference CASE [--tier ideal|quantized|both] [--expert-outputs] [--device cpu|cuda]
+// `moecheck reference CASE [--tier ideal|quantized|both] [--expert-outputs] [--device auto|cpu|cuda]
 // [-o OUT]`: computes the float64 reference of a case and stores it under /reference/<tier>
 // (atomically, into the case or into a copy OUT), with the tool version and the hash of the inputs
 // it read. --device cuda runs the weight products and the budget's on the GPU (BUDGETS.md §11
 // bounds how far that may differ from the CPU's; the tier's attribute `device` says what ran
-// them).
+// them); auto, the default, does so where a GPU is usable and the case is large enough
+// (judge::ReferenceDevice).
 #include <chrono>
 #include <fmt/format.h>
 #include <iostream>
@@ -17,7 +18,7 @@ namespace moecheck::cli {
 void register_reference(CLI::App& app) {
   auto* sub = app.add_subcommand("reference", "compute the float64 reference of a case and store it in the case");
   struct Opts {
-    std::string path, tier = "both", out, model = "fp32", device = "cpu";
+    std::string path, tier = "both", out, model = "fp32", device = "auto";
     bool expert_outputs = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -28,18 +29,19 @@ void register_reference(CLI::App& app) {
                   "accumulator model of the budget stored with the quantized tier: " + budget_model_names())
       ->check(budget_model_validator());
   sub->add_option("--device", o->device,
-                  "where the weight products and the budget's run: cpu (the default) or cuda, the GPU "
-                  "(BUDGETS.md §11)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "where the weight products and the budget's run: auto (the GPU when one is usable and the case's "
+                  "products reach 10 GFLOP, the default), cpu, or cuda (BUDGETS.md §11)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case")->check(output_file());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
     const BudgetModel model = parse_budget_model(o->model);
-    const std::unique_ptr<WeightProducts> products_owner = judge::reference_products(o->device);
-    WeightProducts* products = products_owner.get();
+    judge::ReferenceDevice device(o->device);
+    WeightProducts* products = device.for_case(cp.config(), cp.tokens());
     if (!o->quiet)
-      std::cerr << fmt::format("moecheck: weight products and the budget's on {}\n", judge::products_device(products));
+      std::cerr << fmt::format("moecheck: weight products and the budget's on {}{}\n", judge::products_device(products),
+                               device.why_not_gpu().empty() ? "" : " (" + device.why_not_gpu() + ")");
     std::string dest = o->path;
     const auto t0 = std::chrono::steady_clock::now();
     const std::string hash = cp.input_hash();

@@ -40,7 +40,7 @@ struct CheckOptions {
   // reduction (reference/compare_sharded.hpp); its slot outputs are not recorded then.
   ShardRequest shard;
   // Where the reference's products and the budget's extras run (reference_store.hpp
-  // reference_products); nullptr: this CPU.
+  // ReferenceDevice); nullptr: this CPU.
   WeightProducts* reference_products = nullptr;
 };
 

@@ -31,7 +31,7 @@ struct ReferenceChoice {
   bool requant_test = true;     // with the re-quantization test and its terms (BUDGETS.md §10.7)
   bool progress = false;        // the reference's progress on stderr
   // Where the quantized tier's products and the budget's extras run when it is computed
-  // (reference/weight_products.hpp; reference_store.hpp reference_products); nullptr: this CPU.
+  // (reference/weight_products.hpp; reference_store.hpp ReferenceDevice); nullptr: this CPU.
   WeightProducts* products = nullptr;
 };
 

@@ -96,6 +96,35 @@ std::unique_ptr<WeightProducts> reference_products(const std::string& device) {
 #endif
 }
 
+ReferenceDevice::ReferenceDevice(std::string name) : name_(std::move(name)) {
+  if (name_ != "cpu" && name_ != "cuda" && name_ != "auto")
+    throw InputError("", "--device", "must be cpu, cuda or auto, got '" + name_ + "'");
+  if (name_ == "cuda") gpu_ = reference_products("cuda"), tried_ = true;
+}
+
+WeightProducts* ReferenceDevice::for_case(const MoeConfig& c, int64_t tokens) {
+  if (name_ == "cpu") return nullptr;
+  std::lock_guard<std::mutex> lock(m_);
+  if (name_ == "auto") {
+    const double flops = 6.0 * double(tokens) * double(c.top_k) * double(c.hidden_size) * double(c.intermediate_size);
+    if (flops < kAutoGpuFlops) return nullptr;
+    if (!tried_) {
+      tried_ = true;
+      try {
+        gpu_ = reference_products("cuda");
+      } catch (const InputError& e) {
+        why_not_ = e.rule();
+      }
+    }
+  }
+  return gpu_.get();
+}
+
+std::string ReferenceDevice::why_not_gpu() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return why_not_;
+}
+
 std::string products_device(const WeightProducts* products) { return products ? products->describe() : "this CPU"; }
 
 void store_reference(const std::string& case_path, Tier tier, const ForwardResult& r, const std::string& input_hash,

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "reference/weight_products.hpp"
+#include "tools/judge/reference_store.hpp"
 #include "tools/judge/sharded_run.hpp"
 #include "tools/sweep/junit.hpp"
 
@@ -52,8 +52,8 @@ struct GateRequest {
   // is declined (unsupported, with moe_sharding's rule), and a failure's control runs over the
   // same ranks with none at fault.
   judge::ShardRequest shard;
-  // Where the references' products and the budget's run (`--device cuda`; null: this CPU).
-  std::shared_ptr<WeightProducts> reference_products;
+  // Where the references' products and the budget's run (`--device`; null: this CPU).
+  std::shared_ptr<judge::ReferenceDevice> reference_device;
 };
 
 struct GateIssue {  // a failure, or a case that could not be judged or was declined
