@@ -262,8 +262,7 @@ bool engine_pass(const RowMat& a, const uint8_t* codes, const float* scales, int
 void gemm_fp8_weight(const RowMat& a, const uint8_t* codes, const float* scales, int64_t N, int64_t K, int64_t B,
                      RowMat& out, std::vector<double>& panel, std::vector<double>& lut, const PanelExtras& ex,
                      std::vector<double>* abs_panel, WeightProducts* products) {
-  const bool extras = ex.n_abs || ex.back || ex.col_sq || ex.trunc || ex.sq.in || ex.lin.in || ex.grp;
-  if (products && !extras) {
+  if (products && !ex.any()) {
     out.resize(a.rows(), N);
     products->multiply(a.data(), a.rows(), codes, scales, N, K, B, out.data());
     return;

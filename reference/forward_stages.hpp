@@ -124,6 +124,8 @@ struct PanelExtras {
   void add_abs(const RowMat* in, RowMat* out) { abs[n_abs++] = {in, out}; }
   void add_sq(const RowMat* in, RowMat* out, Float32Buffers* buf) { sq = {in, out}, sq_buf = buf; }
   void add_lin(const RowMat* in, RowMat* out, Float32Buffers* buf) { lin = {in, out}, lin_buf = buf; }
+  // Whether any product beside the main one is asked for.
+  bool any() const { return n_abs || back || col_sq || trunc || sq.in || lin.in || grp; }
 };
 
 // out [n, N] = a [n, K] * W^T, W the [N, K] FP8 weight, dequantized panel by panel (and |W|
