@@ -24,6 +24,7 @@
 #include "kernels/backend_output.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/weight_products.hpp"
+#include "tools/judge/reference_store.hpp"
 #include "tools/judge/sharded_run.hpp"
 
 namespace moecheck::judge {
@@ -39,9 +40,9 @@ struct CheckOptions {
   // Run the backend over N ranks (sharded_run.hpp) and judge the layer, each rank and the
   // reduction (reference/compare_sharded.hpp); its slot outputs are not recorded then.
   ShardRequest shard;
-  // Where the reference's products and the budget's extras run (reference_store.hpp
-  // ReferenceDevice); nullptr: this CPU.
-  WeightProducts* reference_products = nullptr;
+  // Where the reference's products and the budget's extras run, chosen for the case being judged
+  // (reference_store.hpp ReferenceDevice::for_case); nullptr: this CPU.
+  ReferenceDevice* reference_device = nullptr;
 };
 
 enum class CheckStatus { pass, fail, unsupported, input_error };

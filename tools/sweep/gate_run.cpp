@@ -97,15 +97,13 @@ judge::CheckOptions check_options(const Run& run, const SweepCase& c) {
   chk.expert_outputs = run.q.expert_outputs;
   chk.allow_vacuous = run.q.allow_vacuous;
   chk.shard = run.q.shard;
-  const bool scale_int32 = run.q.int32_threshold == 0 && run.bn.base == "faulty:int32_overflow";
-  const bool device = run.q.reference_device && run.q.reference_device->name() != "cpu";
-  std::optional<CaseReader> rd;
-  if (scale_int32 || device) rd.emplace(c.path);
-  if (run.q.int32_threshold > 0)
+  chk.reference_device = run.q.reference_device.get();
+  if (run.q.int32_threshold > 0) {
     chk.int32_threshold = run.q.int32_threshold;
-  else if (scale_int32)
-    chk.int32_threshold = judge::scaled_int32_threshold(rd->config(), rd->tokens());
-  if (device) chk.reference_products = run.q.reference_device->for_case(rd->config(), rd->tokens());
+  } else if (run.bn.base == "faulty:int32_overflow") {
+    const CaseReader rd(c.path);
+    chk.int32_threshold = judge::scaled_int32_threshold(rd.config(), rd.tokens());
+  }
   return chk;
 }
 
@@ -246,20 +244,18 @@ JunitCase golden_invalid_case(Run& run, const std::string& file, const InputErro
 // on corpus cases (GPU and exec:CMD backends).
 std::vector<std::pair<std::string, judge::CheckOptions>> golden_jobs(const Run& run, const CaseProblem& cp) {
   std::vector<std::pair<std::string, judge::CheckOptions>> jobs;
-  WeightProducts* products =
-      run.q.reference_device ? run.q.reference_device->for_case(cp.config(), cp.tokens()) : nullptr;
   for (const OutputInfo& oi : cp.reader().outputs()) {
     judge::CheckOptions k;
     k.output = oi.name;
     k.allow_vacuous = run.q.allow_vacuous;
-    k.reference_products = products;
+    k.reference_device = run.q.reference_device.get();
     jobs.push_back({"/outputs/" + oi.name, k});
   }
   if (run.bn.gpu() || run.bn.exec()) {
     judge::CheckOptions k;
     k.backend = run.q.backend;
     k.allow_vacuous = run.q.allow_vacuous;
-    k.reference_products = products;
+    k.reference_device = run.q.reference_device.get();
     jobs.push_back({"run " + run.q.backend, k});
   }
   return jobs;
