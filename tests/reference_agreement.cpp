@@ -223,23 +223,8 @@ namespace {
 void diff_array(const std::string& name, const std::vector<double>& a, const std::vector<double>& b,
                 std::vector<BudgetArrayDiff>& out) {
   BudgetArrayDiff d;
+  static_cast<ArrayAgreement&>(d) = array_agreement(a, b);
   d.name = name;
-  if (a.size() != b.size()) {
-    d.values = int64_t(std::max(a.size(), b.size()));
-    d.largest_rel = INFINITY;
-    out.push_back(d);
-    return;
-  }
-  d.values = int64_t(a.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(double)) == 0) {
-      ++d.identical;
-      continue;
-    }
-    const double m = std::max(std::fabs(a[i]), std::fabs(b[i]));
-    const double rel = std::isfinite(a[i]) != std::isfinite(b[i]) ? 1.0 : m > 0 ? std::fabs(a[i] - b[i]) / m : 0.0;
-    if (!(rel <= d.largest_rel)) d.largest_rel = rel, d.where = int64_t(i), d.cpu = a[i], d.engine = b[i];
-  }
   out.push_back(d);
 }
 }  // namespace

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "golden/case_problem.hpp"
+#include "reference/array_agreement.hpp"
 #include "reference/moe_forward.hpp"
 
 namespace moecheck::testing {
@@ -53,15 +54,9 @@ struct AgreementTally {
 void check_engines_agree(const MoeProblem& p, WeightProducts& products, const std::string& replay, AgreementTally& tally);
 
 // The budget's arrays of two forwards of one problem under one budget model (the CPU's and an
-// engine's, ProductExtras): per array its size, how many values are bit-identical, and the
-// largest relative difference |a - b| / max(|a|, |b|) (1 where exactly one is not finite) with
-// where it is.
-struct BudgetArrayDiff {
+// engine's, ProductExtras): per array, named, how far the two lie apart (array_agreement.hpp).
+struct BudgetArrayDiff : ArrayAgreement {
   std::string name;
-  int64_t values = 0, identical = 0;
-  double largest_rel = 0;
-  int64_t where = -1;
-  double cpu = 0, engine = 0;
   std::string describe() const;
 };
 std::vector<BudgetArrayDiff> budget_differences(const ForwardResult& cpu, const ForwardResult& engine);

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <thread>
 
+#include "reference/array_agreement.hpp"
 #include "reference/counter_rng.hpp"
 #include "reference/fp8_quant.hpp"
 #include "reference/fp8_formats.hpp"
@@ -243,18 +244,11 @@ void print_gpu_lines(const Rounds& x, double wall, int repeat, WeightProducts* p
 // beside the CPU's (t_cpu), and how far its budgets are from the CPU's (BUDGETS.md §11).
 void print_gpu_compare_line(const Rounds& x, size_t i, double t_cpu) {
   const double t = median_of(x.cmp_dev_s[i]);
-  const std::vector<double>&a = x.cmp_budget[i], &b = x.cmp_dev_budget[i];
-  double rel = a.size() == b.size() ? 0.0 : INFINITY;
-  int64_t same = 0;
-  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
-    same += a[k] == b[k];
-    const double m = std::max(std::fabs(a[k]), std::fabs(b[k]));
-    if (m > 0) rel = std::max(rel, std::fabs(a[k] - b[k]) / m);
-  }
+  const ArrayAgreement g = array_agreement(x.cmp_budget[i], x.cmp_dev_budget[i]);
   fmt::print("    on the GPU                  {:.3f} s = {:.1f} x faster than on the CPU (range {:.3f} - {:.3f} s); "
              "budgets: {} of {} bit-identical, largest relative difference {:.3g}\n",
              t, t_cpu / t, *std::min_element(x.cmp_dev_s[i].begin(), x.cmp_dev_s[i].end()),
-             *std::max_element(x.cmp_dev_s[i].begin(), x.cmp_dev_s[i].end()), same, a.size(), rel);
+             *std::max_element(x.cmp_dev_s[i].begin(), x.cmp_dev_s[i].end()), g.identical, g.values, g.largest_rel);
 }
 
 }  // namespace
