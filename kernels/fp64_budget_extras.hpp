@@ -1,4 +1,4 @@
-// The budget's extra products on the GPU beside the float64 reference's (fp64_weight_products.cpp,
+// The budget's extra products on the GPU beside the float64 reference's (fp64_product.cpp,
 // ProductExtras in reference/weight_products.hpp): the kernels of fp64_budget_extras.cu. Every
 // array is row-major in device memory. Internal to kernels/.
 #pragma once

@@ -1,4 +1,4 @@
-// What the GPU's float64 products share (fp64_weight_products.cpp, fp64_budget_products.cpp): a
+// What the GPU's float64 products share (fp64_weight_products.cpp, fp64_product.cpp): a
 // context per concurrent product (stream, cuBLAS handle in pedantic math mode, buffers grown to the
 // largest request), checked cuBLAS calls, and staged uploads from pageable memory. Internal to
 // kernels/.
@@ -81,12 +81,10 @@ inline void upload_staged(void* dst, const void* src, size_t n, GrownPinned& sta
 struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t handle = nullptr;
-  GrownDevice codes, scales, w, a, out;
-  GrownPinned pin_codes, pin_a, pin_out;
-  // The budget's products (fp64_budget_products.cpp): the weight's other forms, and every input
-  // and output packed into one buffer each way.
-  GrownDevice wabs, wsq, wf, in_pack, out_pack;
-  GrownPinned pin_in_pack, pin_out_pack;
+  // One product (fp64_product.cpp): the weight's codes, scales and float64 values, its other
+  // forms for the budget's extras, and every input and output packed into one buffer each way.
+  GrownDevice codes, scales, w, wabs, wsq, wf, in_pack, out_pack;
+  GrownPinned pin_codes, pin_in_pack, pin_out_pack;
   cudaEvent_t upload_start = nullptr;                           // before the first copy up
   cudaEvent_t compute_start = nullptr, compute_end = nullptr;  // around the product's kernels and GEMMs
   cudaEvent_t trunc_start = nullptr, trunc_end = nullptr;      // around the truncation pass

@@ -1,16 +1,11 @@
-// Float64 weight products on the GPU (fp64_weight_products.hpp).
-//
-// Per product, on one of a few contexts (stream, cuBLAS handle, buffers): the weight's codes and
-// scales and the activations a go up (the large ones through page-locked buffers of the context,
-// in pieces, so the CPU's copy of one piece overlaps the bus transfer of the last; measured on an
-// H100 host at T = 4096: 2.43 s against 3.02 s from pageable memory), fp64_dequantize.cu writes
-// W [N, K] in float64 (exact),
-// cublasDgemm computes out^T = W a^T (the column-major view of the row-major operands), and out
-// comes back. Every call is checked; the output buffer is poisoned (NaN) before each product so
-// an unwritten element cannot pass for a value.
+// Float64 weight products on the GPU (fp64_weight_products.hpp): each product, plain or with the
+// budget's extras, runs on one of a few contexts (stream, cuBLAS handle, buffers;
+// fp64_context.hpp) by fp64_product.cpp, which uploads the codes and the activations through
+// page-locked buffers in pieces (measured on an H100 host at T = 4096 for the plain products:
+// 2.43 s against 3.02 s from pageable memory), dequantizes W exactly into float64, runs cuBLAS
+// DGEMM, and checks that every output value was written (the buffers are poisoned with NaN).
 #include "kernels/fp64_weight_products.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,7 +13,6 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
-#include <cstring>
 #include <fmt/format.h>
 #include <iostream>
 #include <mutex>
@@ -26,8 +20,7 @@
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/fp64_context.hpp"
-#include "kernels/fp64_dequantize.hpp"
-#include "kernels/fp64_budget_products.hpp"
+#include "kernels/fp64_product.hpp"
 #include "kernels/gpu_backend.hpp"
 #include "reference/errors.hpp"
 
@@ -48,18 +41,13 @@ class CudaWeightProducts final : public WeightProducts {
       throw InputError("", "--device", fmt::format("cuda: a [{} x {}] x [{} x {}]^T product exceeds cuBLAS's int "
                                                    "dimensions; use --device cpu",
                                                    n, K, N, K));
-    Context& c = acquire();
-    const auto t0 = std::chrono::steady_clock::now();
-    Timing tm;
-    try {
-      tm = run(c, a, n, codes, scales, N, K, B, out);
-    } catch (...) {
-      cudaStreamSynchronize(c.stream);  // nothing of the failed product may still be running
-      release(c);
-      throw;
-    }
-    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    release(c);
+    const ProductExtras none;
+    ProductTiming tm;
+    bool ran = false;
+    const double busy =
+        on_context([&](Context& c) { ran = run_with_extras(c, a, n, codes, scales, N, K, B, out, none, &tm); });
+    // The plain product has no CPU fallback here: a declined one is a failure, never an unwritten out.
+    if (!ran) throw CudaError("the GPU declined a plain float64 product", cudaErrorUnknown);
     std::lock_guard<std::mutex> lock(m_);
     ++calls_, busy_s_ += busy, compute_s_ += tm.compute, upload_s_ += tm.upload;
     bytes_ += double(N * K) + 8.0 * double(n * (K + N));
@@ -68,28 +56,20 @@ class CudaWeightProducts final : public WeightProducts {
   bool multiply_with_extras(const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K,
                             int64_t B, double* out, const ProductExtras& ex) override {
     if (n == 0 || failed_.load()) return false;
-    Context& c = acquire();
-    const auto t0 = std::chrono::steady_clock::now();
     ProductTiming tm;
     bool ran = false;
+    double busy = 0;
     try {
-      ran = run_with_extras(c, a, n, codes, scales, N, K, B, out, ex, &tm);
+      busy = on_context([&](Context& c) { ran = run_with_extras(c, a, n, codes, scales, N, K, B, out, ex, &tm); });
     } catch (const CudaError& e) {
       // The budget's products fall back to this CPU for the rest of the run (the caller computes
-      // this product there): a full or failing GPU costs time, not the judgement. Said once.
-      cudaStreamSynchronize(c.stream);  // nothing of the failed product may still be running
-      release(c);
+      // this product there): a full or failing GPU, or a context that cannot be made, costs time,
+      // not the judgement. Said once.
       if (!failed_.exchange(true))
         std::cerr << "moecheck: the budget's products on the GPU failed (" << e.what()
                   << "); they run on this CPU from here on\n";
       return false;
-    } catch (...) {
-      cudaStreamSynchronize(c.stream);
-      release(c);
-      throw;
     }
-    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    release(c);
     std::lock_guard<std::mutex> lock(m_);
     ++extras_calls_, busy_s_ += busy, compute_s_ += tm.compute, upload_s_ += tm.upload, trunc_s_ += tm.truncation;
     if (!ran) ++declined_;
@@ -108,39 +88,22 @@ class CudaWeightProducts final : public WeightProducts {
   }
 
  private:
-  struct Timing {
-    double upload = 0, compute = 0;  // seconds: copies up; dequantize + DGEMM
-  };
-  Timing run(Context& c, const double* a, int64_t n, const uint8_t* codes, const float* scales, int64_t N, int64_t K,
-           int64_t B, double* out) {
-    const size_t nscale = size_t((N + B - 1) / B * ((K + B - 1) / B));
-    uint8_t* dc = c.codes.at_least<uint8_t>(size_t(N * K));
-    float* ds = c.scales.at_least<float>(nscale);
-    double* dw = c.w.at_least<double>(size_t(N * K));
-    double* da = c.a.at_least<double>(size_t(n * K));
-    double* dout = c.out.at_least<double>(size_t(n * N));
-    MOECHECK_CUDA_CHECK(cudaEventRecord(c.upload_start, c.stream));
-    upload_staged(dc, codes, size_t(N * K), c.pin_codes, c.stream);
-    upload_staged(da, a, size_t(n * K) * sizeof(double), c.pin_a, c.stream);
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(ds, scales, nscale * sizeof(float), cudaMemcpyHostToDevice, c.stream));
-    MOECHECK_CUDA_CHECK(cudaMemsetAsync(dout, 0xFF, size_t(n * N) * sizeof(double), c.stream));
-    MOECHECK_CUDA_CHECK(cudaEventRecord(c.compute_start, c.stream));
-    launch_dequantize_fp64(dc, ds, N, K, B, dw, c.stream);
-    // Row-major out [n, N] = a [n, K] W^T is column-major out^T [N, n] = W^T' a^T, where W's
-    // row-major [N, K] storage is column-major [K, N] (transposed by the op) and a's is [K, n].
-    const double one = 1.0, zero = 0.0;
-    FP64_CUBLAS_CHECK(cublasDgemm(c.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(n), int(K), &one, dw, int(K), da,
-                                  int(K), &zero, dout, int(N)));
-    MOECHECK_CUDA_CHECK(cudaEventRecord(c.compute_end, c.stream));
-    const size_t out_bytes = size_t(n * N) * sizeof(double);
-    double* pout = c.pin_out.at_least<double>(size_t(n * N));
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(pout, dout, out_bytes, cudaMemcpyDeviceToHost, c.stream));
-    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-    std::memcpy(out, pout, out_bytes);
-    float up_ms = 0, ms = 0;
-    MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&up_ms, c.upload_start, c.compute_start));
-    MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, c.compute_start, c.compute_end));
-    return {1e-3 * up_ms, 1e-3 * ms};
+  // Runs f on a free context and returns its wall seconds. On an exception nothing of the product
+  // may still be running when the context goes back: its stream is drained first.
+  template <class F>
+  double on_context(F&& f) {
+    Context& c = acquire();
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      f(c);
+    } catch (...) {
+      cudaStreamSynchronize(c.stream);
+      release(c);
+      throw;
+    }
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    release(c);
+    return busy;
   }
 
   Context& acquire() {

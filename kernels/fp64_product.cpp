@@ -1,14 +1,16 @@
-// The budget's extra products on the GPU (fp64_budget_products.hpp).
+// The float64 weight products on the GPU, with the budget's extras or without (fp64_product.hpp).
 //
-// One product with its extras: the inputs packed into one page-locked buffer and sent in one copy
-// (the codes through the context's staged upload), the weight dequantized exactly into float64
-// and its other forms made from it (|W|; W^2 and W rounded to float), then cuBLAS in pedantic
+// One product: the inputs packed into one page-locked buffer and sent in pieces (the codes
+// through the context's staged upload), the weight dequantized exactly into float64 and, for the
+// extras, its other forms made from it (|W|; W^2 and W rounded to float), then cuBLAS in pedantic
 // math mode: DGEMM for the main, magnitude and back products, SGEMM for the float32 ones (their
 // inputs rounded to float on the device); the truncation pass and the column norms are kernels
 // of fp64_budget_extras.cu. Every output goes into one poisoned (NaN) buffer, comes back in one
-// copy and is spread to the caller's arrays (float32 products widened).
-#include "kernels/fp64_budget_products.hpp"
+// copy, is checked for values nothing wrote, and is spread to the caller's arrays (float32
+// products widened).
+#include "kernels/fp64_product.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -59,7 +61,7 @@ bool supported(const ProductExtras& ex, int64_t n, int64_t N, int64_t K, int64_t
   return true;
 }
 
-// Where every array of one product sits: the inputs' pack (uploaded in one copy) and the outputs'
+// Where every array of one product sits: the inputs' pack (sent in pieces as it fills) and the outputs'
 // pack (poisoned, computed into, downloaded in one copy up to out_bytes; beyond it the float32
 // inputs made on the device). Offsets into the packs; 0 for an array the product does not have.
 struct Layout {
@@ -136,15 +138,35 @@ DeviceArrays device_arrays(Context& c, const Layout& L, int64_t N, int64_t K, co
   return d;
 }
 
+// The input pack through its page-locked twin: each item copied in, and the pack sent in pieces of
+// at least 4 MiB as they fill, so the CPU's copy of one piece overlaps the bus transfer of the one
+// before (measured for the activations alone, fp64_weight_products.cpp).
+void upload_pack(const Pack& in, char* pin, char* dev, cudaStream_t stream) {
+  constexpr size_t kPiece = size_t(4) << 20;
+  size_t sent = 0;
+  auto send = [&](size_t upto) {
+    if (upto <= sent) return;
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dev + sent, pin + sent, upto - sent, cudaMemcpyHostToDevice, stream));
+    sent = upto;
+  };
+  for (const Pack::Item& it : in.items)
+    for (size_t off = 0; off < it.bytes; off += kPiece) {
+      const size_t len = std::min(kPiece, it.bytes - off), end = it.offset + off + len;
+      std::memcpy(pin + it.offset + off, static_cast<const char*>(it.host) + off, len);
+      if (end - sent >= kPiece) send(end);
+    }
+  send(in.bytes);
+}
+
 // The codes, scales and input pack up; the output pack poisoned (NaN: an unwritten value shows)
 // and its finite flag set (nonzero: finite until a pair clears it).
 void upload(Context& c, const Layout& L, const DeviceArrays& d, const uint8_t* codes, const float* scales,
             int64_t N, int64_t K) {
   MOECHECK_CUDA_CHECK(cudaEventRecord(c.upload_start, c.stream));
   upload_staged(d.codes, codes, size_t(N * K), c.pin_codes, c.stream);
+  upload_pack(L.in, d.pin, d.in, c.stream);
+  // From pageable memory, so it may wait for the copies before it: after the pack is filled.
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(d.scales, scales, L.nscale * sizeof(float), cudaMemcpyHostToDevice, c.stream));
-  for (const Pack::Item& it : L.in.items) std::memcpy(d.pin + it.offset, it.host, it.bytes);
-  MOECHECK_CUDA_CHECK(cudaMemcpyAsync(d.in, d.pin, L.in.bytes, cudaMemcpyHostToDevice, c.stream));
   MOECHECK_CUDA_CHECK(cudaMemsetAsync(d.out, 0xFF, L.out.bytes, c.stream));
   MOECHECK_CUDA_CHECK(cudaMemsetAsync(d.out + L.finite, 1, 4, c.stream));
 }
@@ -216,9 +238,10 @@ ProductTiming timing(Context& c, bool with_truncation) {
   return {1e-3 * up_ms, 1e-3 * ms, 1e-3 * tr_ms};
 }
 
-// Every output was poisoned with NaN and every input is finite (the case reader's rules), so a
-// NaN that came back is an output no kernel or GEMM wrote. All-ones is a NaN, never a value: as
-// a double (8 bytes) or a float (4).
+// Every output was poisoned with all-ones bytes: a NaN (as a double or a float) that no
+// arithmetic here produces from finite inputs (the case reader rejects non-finite data, and the
+// forward's intermediates are finite sums of it), so an all-ones value that came back is an
+// output no kernel or GEMM wrote.
 void check_written(const Layout& L, const char* pout) {
   for (const Pack::Item& it : L.out.items) {
     if (it.offset == L.finite || it.offset >= L.out_bytes) continue;
@@ -228,7 +251,7 @@ void check_written(const Layout& L, const char* pout) {
     else
       for (size_t i = 0; i < it.bytes / 4; ++i) unwritten |= at<const uint32_t>(pout, it.offset)[i] == ~uint32_t(0);
     if (unwritten)
-      throw CudaError("the budget's products on the GPU left an output unwritten (the array at byte " +
+      throw CudaError("a float64 product on the GPU left an output unwritten (the array at byte " +
                           std::to_string(it.offset) + " of the output pack)",
                       cudaErrorUnknown);
   }
