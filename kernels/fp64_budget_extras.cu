@@ -35,6 +35,31 @@ struct CodeRow {
   __device__ float ma(int64_t k) const { return tp::weight_maga(d(k)); }
 };
 
+// Block b (elements k0 .. k0 + len) of pair (r, weight row of srow): the weight row's largest |dec|
+// in the block (NaN skipped, as std::max skips a second NaN), its scale, then pair_block.
+template <class Row, class WeightRow>
+__device__ void pass_block(const TruncationPassArgs& a, int64_t r, int64_t b, int64_t k0, int64_t len, const float* srow,
+                           const Row& x, const WeightRow& w, tp::ChunkValues* cv, tp::PairState& st) {
+  const int64_t kb = (a.K + a.B - 1) / a.B, per_block = (a.B + a.m - 1) / a.m;
+  float bmx = 0;
+  for (int64_t k = k0; k < k0 + len; ++k) {
+    const float v = w.m(k);
+    bmx = bmx < v ? v : bmx;
+  }
+  const double s = srow[b];
+  const double cs = a.cscale ? fabs(s) * a.cscale[r * kb + b] : 0.0;
+  tp::pair_block(a.g1, a.r1, k0, len, a.m, a.dcum + r * a.C + b * per_block, s, cs, double(bmx), a.var != nullptr, x, w,
+                 cv, st);
+}
+
+// Pair (r, o)'s results, and the finite flag cleared where they are not finite.
+__device__ void store_pair(const TruncationPassArgs& a, int64_t r, int64_t o, tp::PairState& st) {
+  a.err[r * a.N + o] = tp::pair_err(st, a.in != nullptr);
+  if (a.abs_out) a.abs_out[r * a.N + o] = st.ab;
+  if (a.var) a.var[r * a.N + o] = st.V;
+  if (!st.finite) atomicAnd(a.finite, 0);
+}
+
 // One thread per pair: 32 weight rows (x) by 4 input rows (y) per block, so a warp shares its
 // input row (broadcast loads) and reads 32 weight rows from L1.
 constexpr int kRowsO = 32, kRowsR = 4;
@@ -42,7 +67,7 @@ constexpr int kRowsO = 32, kRowsR = 4;
 __global__ void __launch_bounds__(kRowsO* kRowsR) truncation_pass(TruncationPassArgs a) {
   const int64_t o = int64_t(blockIdx.x) * kRowsO + threadIdx.x, r = int64_t(blockIdx.y) * kRowsR + threadIdx.y;
   if (o >= a.N || r >= a.n) return;
-  const int64_t K = a.K, kb = (K + a.B - 1) / a.B, per_block = (a.B + a.m - 1) / a.m;
+  const int64_t K = a.K, kb = (K + a.B - 1) / a.B;
   const CodeRow w{a.codes + o * K};
   const tp::InputRow x{a.af + r * K,
                        a.hf + r * K,
@@ -55,20 +80,9 @@ __global__ void __launch_bounds__(kRowsO* kRowsR) truncation_pass(TruncationPass
   tp::PairState st;
   for (int64_t b = 0; b < kb; ++b) {
     const int64_t k0 = b * a.B, len = (K < k0 + a.B ? K : k0 + a.B) - k0;
-    float bmx = 0;  // the block's largest |dec| (NaN skipped, as std::max skips a second NaN)
-    for (int64_t k = k0; k < k0 + len; ++k) {
-      const float v = w.m(k);
-      bmx = bmx < v ? v : bmx;
-    }
-    const double s = srow[b];
-    const double cs = a.cscale ? fabs(s) * a.cscale[r * kb + b] : 0.0;
-    tp::pair_block(a.g1, a.r1, k0, len, a.m, a.dcum + r * a.C + b * per_block, s, cs, double(bmx), a.var != nullptr, x,
-                   w, cv, st);
+    pass_block(a, r, b, k0, len, srow, x, w, cv, st);
   }
-  a.err[r * a.N + o] = tp::pair_err(st, a.in != nullptr);
-  if (a.abs_out) a.abs_out[r * a.N + o] = st.ab;
-  if (a.var) a.var[r * a.N + o] = st.V;
-  if (!st.finite) atomicAnd(a.finite, 0);
+  store_pair(a, r, o, st);
 }
 
 // The same pass with the block's operands staged in shared memory, K block by K block: the
@@ -111,7 +125,7 @@ __global__ void __launch_bounds__(kTileO* kTileR) truncation_pass_tiled(Truncati
   const int64_t o0 = int64_t(blockIdx.x) * kTileO, r0 = int64_t(blockIdx.y) * kTileR;
   const int64_t o = o0 + tx, r = r0 + ty;
   const bool active = o < a.N && r < a.n;
-  const int64_t kb = (K + B - 1) / B, per_block = (B + a.m - 1) / a.m;
+  const int64_t kb = (K + B - 1) / B;
   TileRow x{tile[0] + ty * B,
             tile[1] + ty * B,
             tile[2] + ty * B,
@@ -140,21 +154,10 @@ __global__ void __launch_bounds__(kTileO* kTileR) truncation_pass_tiled(Truncati
     __syncthreads();
     if (!active) continue;
     x.k0 = k0, w.k0 = k0;
-    float bmx = 0;  // the block's largest |dec| (NaN skipped, as std::max skips a second NaN)
-    for (int64_t k = k0; k < k0 + len; ++k) {
-      const float v = w.m(k);
-      bmx = bmx < v ? v : bmx;
-    }
-    const double s = srow[b];
-    const double cs = a.cscale ? fabs(s) * a.cscale[r * kb + b] : 0.0;
-    tp::pair_block(a.g1, a.r1, k0, len, a.m, a.dcum + r * a.C + b * per_block, s, cs, double(bmx), a.var != nullptr, x,
-                   w, cv, st);
+    pass_block(a, r, b, k0, len, srow, x, w, cv, st);
   }
   if (!active) return;
-  a.err[r * a.N + o] = tp::pair_err(st, a.in != nullptr);
-  if (a.abs_out) a.abs_out[r * a.N + o] = st.ab;
-  if (a.var) a.var[r * a.N + o] = st.V;
-  if (!st.finite) atomicAnd(a.finite, 0);
+  store_pair(a, r, o, st);
 }
 
 __global__ void weight_forms(const double* __restrict__ w, int64_t count, double* __restrict__ wabs,
