@@ -353,13 +353,16 @@ void finish_chunk(const MoeProblem& p, const ForwardOptions& opt, const std::vec
     requant_projections(p, rt, run.bc.requant, ex, run.threads, run.load_mutex, res);
   }
   for (const ExpertJob& j : jobs) {
-    res.gemm_flops +=
-        2.0 * static_cast<double>(j.slots.size()) * double(c.hidden_size) * double(3 * c.intermediate_size);
+    res.gemm_flops += weight_product_flops(c, static_cast<int64_t>(j.slots.size()));
     run.ran[j.expert] = 1;
   }
 }
 
 }  // namespace
+
+double weight_product_flops(const MoeConfig& c, int64_t slots) {
+  return 2.0 * static_cast<double>(slots) * double(c.hidden_size) * double(3 * c.intermediate_size);
+}
 
 ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt) {
   check_forward_arguments(p);

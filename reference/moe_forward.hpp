@@ -149,10 +149,14 @@ struct ForwardResult {
   // With ForwardOptions::ideal_bound: bound on |ideal output - this quantized output| [T, H].
   std::vector<double> ideal_bound;
   int64_t experts_run = 0;              // local experts that received at least one token
-  double gemm_flops = 0;                // 2*m*n*k summed over both GEMMs of every expert
+  double gemm_flops = 0;                // weight_product_flops of the slots run
 };
 
 ForwardResult moe_forward(const MoeProblem& p, const ForwardOptions& opt);
+
+// The weight products of `slots` routed (token, expert) pairs, in flops (2 per multiply-add):
+// GEMM1 (H x 2I) and GEMM2 (I x H), 6 H I per slot.
+double weight_product_flops(const MoeConfig& c, int64_t slots);
 
 // SiLU in double: g / (1 + exp(-g)) (g -> -inf gives -0, never NaN).
 double silu(double g);

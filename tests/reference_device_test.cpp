@@ -20,9 +20,9 @@ const MoeConfig& preset(const char* name) {
   return p->config;
 }
 
-// The token count whose products (6 T k H I flops) are just below the threshold.
+// The token count whose products (every slot routed) are just below the threshold.
 int64_t tokens_below_threshold(const MoeConfig& c) {
-  const double per_token = 6.0 * double(c.top_k) * double(c.hidden_size) * double(c.intermediate_size);
+  const double per_token = weight_product_flops(c, c.top_k);
   return static_cast<int64_t>(ReferenceDevice::kAutoGpuFlops / per_token) - (std::fmod(ReferenceDevice::kAutoGpuFlops, per_token) == 0);
 }
 

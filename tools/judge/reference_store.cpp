@@ -106,8 +106,8 @@ WeightProducts* ReferenceDevice::for_case(const MoeConfig& c, int64_t tokens) {
   if (name_ == "cpu") return nullptr;
   std::lock_guard<std::mutex> lock(m_);
   if (name_ == "auto") {
-    const double flops = 6.0 * double(tokens) * double(c.top_k) * double(c.hidden_size) * double(c.intermediate_size);
-    if (flops < kAutoGpuFlops) return nullptr;
+    // Every slot routed to a local expert: the bound before routing (with EP fewer run).
+    if (weight_product_flops(c, tokens * c.top_k) < kAutoGpuFlops) return nullptr;
     if (!tried_) {
       tried_ = true;
       try {
