@@ -5,8 +5,10 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "golden/case_problem.hpp"
 #include "golden/model_presets.hpp"
 #include "reference/errors.hpp"
+#include "tests/golden_test_support.hpp"
 #include "tools/judge/reference_store.hpp"
 
 namespace moecheck {
@@ -54,6 +56,30 @@ TEST(ReferenceDevice, CpuNeverAndUnknownNamesAreUsageErrors) {
   EXPECT_EQ(cpu.for_case(preset("deepseek-v3"), 4096), nullptr);
   EXPECT_EQ(cpu.why_not_gpu(), "");
   EXPECT_THROW(ReferenceDevice("tpu"), InputError);
+}
+
+// A stored reference that is reused never asks where its products would run (so compare does not
+// start the GPU for a case it will not compute); one that is computed asks once.
+TEST(ReferenceDevice, AReusedStoredReferenceNeverAsksForTheProducts) {
+  test::TempDir dir("reference-device");
+  const std::string c = dir.file("c.h5");
+  ASSERT_EQ(test::run_moecheck({"make-case", "--preset", "tiny-deepseek", "--tokens", "8", "--seed", "3", "-q", "-o", c})
+                .exit_code,
+            0);
+  ASSERT_EQ(test::run_moecheck({"reference", c, "-q", "--budget-model", "hopper"}).exit_code, 0);
+  const CaseProblem cp(c);
+  int asked = 0;
+  const judge::ProductsSource products = [&asked]() -> WeightProducts* {
+    ++asked;
+    return nullptr;
+  };
+  bool reused = false;
+  judge::quantized_reference(cp, cp.input_hash(), "hopper", false, &reused, false, products);
+  EXPECT_TRUE(reused) << "the stored hopper reference was not reused";
+  EXPECT_EQ(asked, 0);
+  judge::quantized_reference(cp, cp.input_hash(), "fp32", false, &reused, false, products);
+  EXPECT_FALSE(reused) << "a reference of another budget model was reused";
+  EXPECT_EQ(asked, 1);
 }
 
 }  // namespace

@@ -35,8 +35,8 @@ struct Opts {
 };
 
 // What the command line asks of the judgement: a stored reference is reused when it matches;
-// one computed runs its products where `products` says (nullptr: this CPU).
-judge::RecordedOptions recorded_options(const Opts& o, WeightProducts* products) {
+// one computed runs its products where `device` chooses for the case.
+judge::RecordedOptions recorded_options(const Opts& o, judge::ReferenceDevice* device) {
   judge::RecordedOptions r;
   r.output = o.output;
   r.budget_model = o.model;
@@ -44,7 +44,7 @@ judge::RecordedOptions recorded_options(const Opts& o, WeightProducts* products)
                  .reuse_stored = true,
                  .requant_test = o.requant_test,
                  .progress = !o.quiet,
-                 .products = products};
+                 .device = device};
   r.allow_vacuous = o.allow_vacuous;
   return r;
 }
@@ -115,11 +115,10 @@ void register_compare(CLI::App& app) {
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);
     judge::ReferenceDevice device(o->device);
-    WeightProducts* products = device.for_case(cp.config(), cp.tokens());
-    if (!o->quiet && !device.why_not_gpu().empty())
-      std::cerr << "moecheck: --device auto: the reference runs on this CPU (" << device.why_not_gpu() << ")\n";
     const auto t0 = std::chrono::steady_clock::now();
-    const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o, products));
+    const judge::RecordedJudgement j = judge::judge_recorded_outputs(cp, recorded_options(*o, &device));
+    if (!o->quiet && !device.why_not_gpu().empty())
+      std::cerr << "moecheck: --device auto: the reference ran on this CPU (" << device.why_not_gpu() << ")\n";
     const std::vector<CompareResult>& results = j.results;
     const report::ReportContext ctx = report_context(*o, cp, j);
     report::TextOptions topt;

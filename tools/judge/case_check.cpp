@@ -158,11 +158,6 @@ CheckOutcome input_error_outcome(const InputError& e) {
   return o;
 }
 
-// Where this case's reference runs (opt.reference_device); nullptr: this CPU.
-WeightProducts* reference_products_for(const CaseProblem& cp, const CheckOptions& opt) {
-  return opt.reference_device ? opt.reference_device->for_case(cp.config(), cp.tokens()) : nullptr;
-}
-
 // Runs opt.backend on the case and judges its output with the model the command line names,
 // else the one the run asks for (an exec:CMD output's budget_model attribute), else the
 // backend's default. A backend that cannot run here at all (unknown name, no GPU) is a usage
@@ -193,7 +188,7 @@ void judge_backend_run(const CaseProblem& cp, const CheckOptions& opt, CheckOutc
   copt.model = parse_budget_model(model);
   copt.keep_ratios = opt.keep_ratios;
   copt.allow_vacuous = opt.allow_vacuous;
-  ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{.products = reference_products_for(cp, opt)});
+  ForwardResult ref = reference_to_judge(cp, model, ReferenceChoice{.device = opt.reference_device});
   out.results.push_back(out.run->ranks.empty() ? compare_output(cp.problem(), ref, observation_of(*out.run), copt)
                                                : compare_sharded(cp.problem(), *parse_shard_plan(out.run->shard),
                                                                  std::move(ref), sharded_observation_of(*out.run), copt));
@@ -207,7 +202,7 @@ void judge_recorded(const CaseProblem& cp, const CheckOptions& opt, CheckOutcome
   ropt.budget_model = opt.budget_model;
   ropt.keep_ratios = opt.keep_ratios;
   ropt.allow_vacuous = opt.allow_vacuous;
-  ropt.reference.products = reference_products_for(cp, opt);
+  ropt.reference.device = opt.reference_device;
   RecordedJudgement j = judge_recorded_outputs(cp, ropt);
   out.results = std::move(j.results);
   out.budget_models = std::move(j.budget_models);

@@ -16,6 +16,15 @@
 
 namespace moecheck::judge {
 
+namespace {
+
+// Where the choice runs this case's products; nullptr: this CPU.
+WeightProducts* products_for(const CaseProblem& cp, const ReferenceChoice& choice) {
+  return choice.device ? choice.device->for_case(cp.config(), cp.tokens()) : nullptr;
+}
+
+}  // namespace
+
 ForwardResult reference_to_judge(const CaseProblem& cp, const std::string& model_name, const ReferenceChoice& choice,
                                  const std::string& input_hash, bool* reused) {
   bool stored = false;
@@ -26,9 +35,10 @@ ForwardResult reference_to_judge(const CaseProblem& cp, const std::string& model
       r = ideal_judging_reference(cp, model);
     else if (choice.reuse_stored)
       r = quantized_reference(cp, input_hash, model_name, choice.progress, &stored, choice.requant_test,
-                              choice.products);
+                              [&] { return products_for(cp, choice); });
     else
-      r = compute_reference(cp, Tier::quantized, &model, true, choice.progress, choice.requant_test, choice.products);
+      r = compute_reference(cp, Tier::quantized, &model, true, choice.progress, choice.requant_test,
+                            products_for(cp, choice));
     if (reused) *reused = stored;
     return r;
   } catch (const std::invalid_argument& e) {
@@ -126,7 +136,7 @@ RecordedJudgement judge_recorded_outputs(const CaseProblem& cp, const RecordedOp
     j.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The ideal tier's reference runs on this CPU (ideal_judging_reference).
     const std::string device =
-        reused ? "" : products_device(opt.reference.tier == Tier::quantized ? opt.reference.products : nullptr);
+        reused ? "" : products_device(opt.reference.tier == Tier::quantized ? products_for(cp, opt.reference) : nullptr);
     if (!device.empty() && j.reference_device.find(device) == std::string::npos)
       j.reference_device += (j.reference_device.empty() ? "" : "; ") + device;
     if (opt.reference.progress)

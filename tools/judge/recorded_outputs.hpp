@@ -21,6 +21,7 @@
 #include "reference/budget_model.hpp"
 #include "reference/moe_compare.hpp"
 #include "reference/moe_forward.hpp"
+#include "tools/judge/reference_store.hpp"
 
 namespace moecheck::judge {
 
@@ -31,8 +32,9 @@ struct ReferenceChoice {
   bool requant_test = true;     // with the re-quantization test and its terms (BUDGETS.md §10.7)
   bool progress = false;        // the reference's progress on stderr
   // Where the quantized tier's products and the budget's extras run when it is computed
-  // (reference/weight_products.hpp; reference_store.hpp ReferenceDevice); nullptr: this CPU.
-  WeightProducts* products = nullptr;
+  // (reference_store.hpp): asked for the case only then, so a reused stored reference never
+  // starts the GPU; nullptr: this CPU.
+  ReferenceDevice* device = nullptr;
 };
 
 // The reference of `model_name` under `choice`; *reused (when given) says whether it was the

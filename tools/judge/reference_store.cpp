@@ -160,7 +160,7 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
 }
 
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
-                                  bool progress, bool* reused, bool requant_terms, WeightProducts* products) {
+                                  bool progress, bool* reused, bool requant_terms, const ProductsSource& products) {
   *reused = false;
   const BudgetModel model = parse_budget_model(model_name);
   if (auto stored = cp.reader().read_reference("quantized")) {
@@ -210,7 +210,8 @@ ForwardResult quantized_reference(const CaseProblem& cp, const std::string& inpu
       return r;
     }
   }
-  return compute_reference(cp, Tier::quantized, &model, true, progress, requant_terms, products);
+  return compute_reference(cp, Tier::quantized, &model, true, progress, requant_terms,
+                           products ? products() : nullptr);
 }
 
 }  // namespace moecheck::judge

@@ -3,6 +3,7 @@
 // only when its input hash and budget model match the case and the request.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -65,9 +66,11 @@ void store_reference(const std::string& case_path, Tier tier, const ForwardResul
 // hash, budget model and noise-model revision (kNoiseModelRevision) match and it holds every
 // array the judgement reads (budgets, noise variance, flip projections, and with requant_terms
 // the re-quantization test's terms; reused = true), else computed. Either way the same judgement.
-// products: where the products run when it is computed (nullptr: this CPU).
+// products: where the products run when it is computed, called only then (so a reused stored
+// reference never starts the GPU); empty or returning nullptr: this CPU.
+using ProductsSource = std::function<WeightProducts*()>;
 ForwardResult quantized_reference(const CaseProblem& cp, const std::string& input_hash, const std::string& model_name,
                                   bool progress, bool* reused, bool requant_terms = false,
-                                  WeightProducts* products = nullptr);
+                                  const ProductsSource& products = {});
 
 }  // namespace moecheck::judge
