@@ -44,6 +44,9 @@ CLI::Validator output_file();
 CLI::Validator budget_model_validator();
 // --exec-timeout S on a subcommand that takes exec:CMD backends (judge/exec_backend.hpp).
 void add_exec_timeout_option(CLI::App* sub);
+// --device auto|cpu|cuda on a subcommand that computes references: where their float64 products
+// and the budget's run (judge::ReferenceDevice), into `device` (its default stays the caller's).
+void add_reference_device_option(CLI::App* sub, std::string& device);
 // A path in the source tree this binary was built from (the committed corpora's default
 // location: golden/cases, golden/bugs), or `rel` itself when the build did not record one.
 inline std::string source_tree_path(const std::string& rel) {

@@ -107,10 +107,7 @@ void register_compare(CLI::App& app) {
                 "the re-quantization test (BUDGETS.md §10.7), on by default: a skipped re-quantization of the "
                 "intermediate is beta = -1 along a direction the reference computes; --no-requant-test leaves it "
                 "out and saves its second pass over W2");
-  sub->add_option("--device", o->device,
-                  "where the reference's products and the budget's run: auto (the GPU when one is usable and the "
-                  "case's products reach 10 GFLOP, the default), cpu, or cuda (BUDGETS.md §11)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_reference_device_option(sub, o->device);
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {
     const CaseProblem cp(o->path);

@@ -213,10 +213,7 @@ void register_gate(CLI::App& app) {
                 "judge the combined output only (no per-slot judging of each expert's output)");
   sub->add_flag("-v,--verbose", o->verbose, "print every sweep case with its make-case command");
   sub->add_flag("--allow-vacuous", o->allow_vacuous, "a vacuous output (its checks would not see it zeroed: BUDGETS.md §10.6) does not fail");
-  sub->add_option("--device", o->device,
-                  "where the references' products and the budget's run: auto (the GPU for cases whose products reach "
-                  "10 GFLOP, the default), cpu, or cuda (compare --device)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_reference_device_option(sub, o->device);
   sub->add_flag("-q,--quiet", o->quiet, "no progress line");
   add_exec_timeout_option(sub);
   add_shard_options(sub, o->shard);

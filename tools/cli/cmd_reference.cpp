@@ -28,10 +28,7 @@ void register_reference(CLI::App& app) {
   sub->add_option("--budget-model", o->model,
                   "accumulator model of the budget stored with the quantized tier: " + budget_model_names())
       ->check(budget_model_validator());
-  sub->add_option("--device", o->device,
-                  "where the weight products and the budget's run: auto (the GPU when one is usable and the case's "
-                  "products reach 10 GFLOP, the default), cpu, or cuda (BUDGETS.md §11)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_reference_device_option(sub, o->device);
   sub->add_option("-o,--output", o->out, "write the result into a copy OUT instead of the case")->check(output_file());
   sub->add_flag("-q,--quiet", o->quiet, "no progress output");
   set_runner(sub, [o]() {

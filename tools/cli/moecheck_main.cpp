@@ -1,6 +1,7 @@
 // moecheck: the command-line tool. Parses the command line (CLI11), runs the selected
 // subcommand and turns every failure into an exit code and a message (cli_common.hpp).
 #include <exception>
+#include <fmt/format.h>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -11,6 +12,7 @@
 #include "reference/errors.hpp"
 #include "tools/cli/cli_common.hpp"
 #include "tools/judge/exec_backend.hpp"
+#include "tools/judge/reference_store.hpp"
 
 namespace moecheck::cli {
 
@@ -51,6 +53,15 @@ CLI::Validator budget_model_validator() {
         }
       },
       "MODEL");
+}
+
+void add_reference_device_option(CLI::App* sub, std::string& device) {
+  sub->add_option("--device", device,
+                  fmt::format("where the references' float64 products and the budget's run: auto (the GPU when one "
+                              "is usable and a case's products reach {:g} GFLOP, the default), cpu, or cuda "
+                              "(BUDGETS.md §11)",
+                              judge::ReferenceDevice::kAutoGpuFlops * 1e-9))
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
 
 void add_exec_timeout_option(CLI::App* sub) {

@@ -23,7 +23,6 @@
 #include "golden/case_problem.hpp"
 #include "kernels/backend_output.hpp"
 #include "reference/moe_compare.hpp"
-#include "reference/weight_products.hpp"
 #include "tools/judge/reference_store.hpp"
 #include "tools/judge/sharded_run.hpp"
 
