@@ -132,6 +132,7 @@ void run(const MoeConfig& c, const Fp8BlockScaleMoeInputs& in, const Fp8BlockSca
   g1.row_offset = b.plan.row_offset;
   g1.expert_count = b.plan.expert_count;
   g1.max_tiles = cap.max_tiles;
+  g1.max_expert_rows = T;  // top-k ids of a token are distinct (routing's contract)
   g1.n = 2 * I;
   g1.k = H;
   g1.experts = E_local;

@@ -18,11 +18,16 @@
 // stores its routed rows only; so a decode step with one token per expert does 1/8 of the tensor
 // work of a full tile and writes one row, and the weights, read once, set the time.
 //
-// Pipeline: kStages shared-memory stages filled by cp.async (16-byte copies, whole 128-byte rows
-// per 8 threads; a block-tile weight panel, WeightLayout::block_tiles, is one contiguous 16 KiB
-// run), kStages - 1 K blocks in flight ahead of the tensor cores; two CTAs per SM,
-// so one CTA's promotion overlaps the other's wgmma. The epilogue stages the tile through shared
-// memory so that D rows are written with coalesced 16-byte stores.
+// Pipeline: S::kStages shared-memory stages filled by cp.async (16-byte copies, whole 128-byte
+// rows per 8 threads; a block-tile weight panel, WeightLayout::block_tiles, is one contiguous
+// 16 KiB run), all of them in flight before the first wgmma and kStages - 1 ahead of it after.
+// The general variant: stages of 64 activation rows, 4 of them, two CTAs per SM, so one CTA's
+// promotion overlaps the other's wgmma. A decode step streams weights with few rows each, and a
+// small grid (TP 8, T = 1: 32 CTAs) is held by the bytes each CTA has in flight (the stream probe
+// of docs/bench/CUDA-GEMM-NOTES.md: 32 CTAs read 34 MiB in 27 us three blocks deep, 15.5 eight
+// deep), so the decode variants carry 16 rows per stage and 2, 3, 5 or 11 stages, the most whose
+// grid fits on the device in one wave (small_batch_variant). The epilogue stages the tile through
+// shared memory so that D rows are written with coalesced 16-byte stores.
 //
 // NOTES:
 //  - Grid: one CTA per (M tile, N tile), in the order of grouped_gemm_order.cuh.
@@ -36,6 +41,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -57,16 +63,28 @@ constexpr int kTileRows = static_cast<int>(kGemmTileM);  // activation rows per 
 constexpr int kTileCols = static_cast<int>(kGemmTileN);  // output columns per tile (2 x wgmma M)
 constexpr int kBlockK = static_cast<int>(kScaleBlock);
 constexpr int kThreads = 256;  // two warpgroups
-constexpr int kStages = 4;
 constexpr int kWeightBytes = kTileCols * kBlockK;  // 16 KiB
-constexpr int kActBytes = kTileRows * kBlockK;     // 8 KiB
-constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
 constexpr int kEpiStride = kTileCols + 4;  // floats per staged output row: conflict-free fragment stores
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the first atom to 1024
 static_assert(kTileCols == 128 && kBlockK == 128, "one weight-scale block per CTA column tile and K block");
 static_assert(kTileRows == 64, "wgmma N of at most 64 rows per tile");
-static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
-static_assert(kTileRows * kEpiStride * 4 <= kStages * kStageBytes, "the epilogue reuses the pipeline's shared memory");
+
+// A kernel variant: the most routed rows any of its tiles holds (its stages carry that many
+// activation rows) and its number of shared-memory stages, all of them in flight from the start.
+// The general variant takes any tile; the decode variants take tiles of at most 16 rows (the
+// host knows: a token routes to an expert at most once, so no tile of T <= 16 tokens holds more)
+// and trade stages against CTAs per SM, so that a small grid keeps more weight bytes in flight.
+template <int kMaxRows_, int kStages_>
+struct Shape {
+  static constexpr int kMaxRows = kMaxRows_, kStages = kStages_;
+  static constexpr int kActBytes = kMaxRows * kBlockK;
+  static constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;       // + room to align the first atom to 1024
+  static_assert(kMaxRows == 16 || kMaxRows == 64, "tiles of 8, 16, 32 or 64 rows");
+  static_assert(kStages >= 2, "a stage to compute from and one to fill");
+  static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
+  static_assert(kMaxRows * kEpiStride * 4 <= kStages * kStageBytes, "the epilogue reuses the pipeline's shared memory");
+};
+using GeneralShape = Shape<64, 4>;
 
 struct GemmParams {
   const uint8_t* a;
@@ -94,10 +112,10 @@ __device__ __forceinline__ WeightPanel weight_panel(const GemmParams& p, int32_t
 }
 
 // One K block into stage `st`: the 128 x 128 weight panel, kRows activation rows and their scales.
-template <int kRows>
+template <typename S, int kRows>
 __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, const uint8_t* g_a, const float* g_sa,
                                            int64_t k, int64_t k_blocks, int64_t kb, int tid) {
-  const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + kActBytes;
+  const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + S::kActBytes;
   // Chunk i: row i / 8, 16-byte column i % 8: a warp copies 4 whole 128-byte rows, and the
   // swizzle spreads each row's 8 chunks over distinct banks. A block tile is copied as it lies.
   if (w.tiles) {
@@ -122,9 +140,11 @@ __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, co
 }
 
 // Computes the tile's first kRows rows (kRows >= stored) and stores its first `stored`.
-template <int kRows>
+template <typename S, int kRows>
 __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int64_t n_tile, int32_t expert,
                           int stored) {
+  static_assert(kRows <= S::kMaxRows, "a stage holds S::kMaxRows activation rows");
+  constexpr int kStages = S::kStages;
   constexpr int kFrag = kRows / 2;  // f32 accumulators per thread: 64 columns x kRows / 128 threads
   const int64_t k_blocks = p.k / kBlockK;
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
@@ -139,30 +159,37 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
 #pragma unroll
   for (int i = 0; i < kFrag; ++i) acc[i] = part[i] = 0.0f;
 
-  // Prologue: the first kStages - 1 blocks in flight (one commit group per block, empty past the end).
+  // Prologue: every stage filled, blocks 0 .. kStages - 1 in flight (commit group b holds block b;
+  // groups past the last block are empty). Then iteration kb >= 1 refills the stage of block
+  // kb - 1 with block kb - 1 + kStages as group kStages + kb - 1.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_blocks) load_stage<kRows>(smem + s * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
+  for (int s = 0; s < kStages; ++s) {
+    if (s < k_blocks) load_stage<S, kRows>(smem + s * S::kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
     cp_async_commit();
   }
 
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    uint8_t* st = smem + (kb % kStages) * kStageBytes;
+    uint8_t* st = smem + (kb % kStages) * S::kStageBytes;
     const float sb = __ldg(g_sb + kb);
-    cp_async_wait<kStages - 2>();  // this thread's copies of block kb have landed
+    // Group kb complete: kStages groups committed before iteration 0, one more per iteration since.
+    if (kb == 0) cp_async_wait<kStages - 1>();
+    else cp_async_wait<kStages - 2>();
     fence_async_shared();
-    __syncthreads();  // everyone's have, and block kb - 1's stage is free (its wgmma completed)
+    __syncthreads();  // everyone's copies of block kb have landed, and block kb - 1's stage is free (its wgmma completed)
 
-    const int64_t next = kb + kStages - 1;
-    if (next < k_blocks) load_stage<kRows>(smem + (next % kStages) * kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
-    cp_async_commit();
+    if (kb > 0) {
+      const int64_t next = kb - 1 + kStages;
+      if (next < k_blocks)
+        load_stage<S, kRows>(smem + ((kb - 1) % kStages) * S::kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
+      cp_async_commit();
+    }
 
     // Tensor-core sum of this block, from zero: the weights as A, the rows as B.
     const uint32_t s_w = smem_addr(st) + wg * (kTileCols / 2) * kSwizzleRowBytes, s_a = smem_addr(st) + kWeightBytes;
     wgmma_block_sum<kRows>(part, s_w, s_a);
 
     // Promote: column c of the fragment is activation row c, scaled by its own sa.
-    const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + kActBytes);
+    const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + S::kActBytes);
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j) {
       const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
@@ -196,7 +223,17 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel(GemmParams p, int64_t n_tiles) {
+// CTAs per SM that a variant's shared memory allows (228 KiB per SM, 1 KiB of it reserved per CTA),
+// so that ptxas keeps the registers within what that many CTAs leave.
+template <typename S>
+constexpr int ctas_per_sm() {
+  const int n = (228 * 1024) / (S::kSmemBytes + 1024);
+  return n < 1 ? 1 : (n > 8 ? 8 : n);
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kThreads, ctas_per_sm<S>()) sm90_fp8_grouped_gemm_1d2d_kernel(GemmParams p,
+                                                                                             int64_t n_tiles) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   wait_for_previous_grid();  // first: dependent_launch.cuh. No early start for the next stage: on the
   // H100 at T = 1 it gained nothing measurable, and its blocks would hold SM resources meanwhile.
@@ -207,10 +244,14 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_grouped_gemm_1d2d_kernel
   const int32_t expert = c.expert;
   const int64_t n_tile = c.n_tile, row0 = c.tile * kTileRows;
   const int rows = routed_rows(p.row_offset, p.expert_count, c.tile, expert);
-  if (rows <= 8) gemm_tile<8>(p, smem, row0, n_tile, expert, rows);
-  else if (rows <= 16) gemm_tile<16>(p, smem, row0, n_tile, expert, rows);
-  else if (rows <= 32) gemm_tile<32>(p, smem, row0, n_tile, expert, rows);
-  else gemm_tile<64>(p, smem, row0, n_tile, expert, rows);
+  if (rows <= 8) gemm_tile<S, 8>(p, smem, row0, n_tile, expert, rows);
+  else if (rows <= 16) gemm_tile<S, 16>(p, smem, row0, n_tile, expert, rows);
+  else if constexpr (S::kMaxRows == 64) {
+    if (rows <= 32) gemm_tile<S, 32>(p, smem, row0, n_tile, expert, rows);
+    else gemm_tile<S, 64>(p, smem, row0, n_tile, expert, rows);
+  } else {
+    __trap();  // a decode variant given a tile of more rows than GroupedGemmArgs::max_expert_rows said
+  }
 #else
   (void)p, (void)n_tiles;
   __trap();  // wgmma needs sm_90a; the library is built for it only
@@ -240,6 +281,72 @@ bool use_large_batch(const GroupedGemmArgs& g) {
   return g.max_tiles >= 2 * g.experts;
 }
 
+// A variant ready to launch: its kernel with the shared memory it asks for, and how many of its
+// CTAs one SM holds on this device (registers and shared memory, from the occupancy calculator).
+struct Variant {
+  void (*kernel)(GemmParams, int64_t);
+  const char* name;
+  int stages, smem_bytes, ctas_per_sm;
+};
+
+template <typename S>
+const Variant& variant(const char* name) {
+  static const Variant v = [name] {
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel<S>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
+    int per_sm = 0;
+    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_fp8_grouped_gemm_1d2d_kernel<S>,
+                                                                      kThreads, S::kSmemBytes));
+    return Variant{sm90_fp8_grouped_gemm_1d2d_kernel<S>, name, S::kStages, S::kSmemBytes, per_sm};
+  }();
+  return v;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int device = 0, count = 0;
+    MOECHECK_CUDA_CHECK(cudaGetDevice(&device));
+    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  return n;
+}
+
+// MOECHECK_DECODE_STAGES=2|3|5|11 forces a decode variant's stage count (measurements); unset or
+// 0: chosen per launch.
+int decode_stages_from_environment() {
+  static const int forced = [] {
+    const char* v = std::getenv("MOECHECK_DECODE_STAGES");
+    if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0;
+    const std::string s(v);
+    if (s == "2" || s == "3" || s == "5" || s == "11") return std::stoi(s);
+    throw std::invalid_argument("MOECHECK_DECODE_STAGES: '" + s + "' is not 0, 2, 3, 5 or 11");
+  }();
+  return forced;
+}
+
+// The small-batch variant for g. Tiles of more than 16 rows (or an unknown bound): the general
+// one. Otherwise the decode variant with the most stages (weight bytes in flight per CTA) whose
+// CTAs all fit on the device at once, among those with no more stages than K blocks; where none
+// fits in one wave, five stages (two CTAs per SM, four blocks in flight each).
+const Variant& small_batch_variant(const GroupedGemmArgs& g, int64_t grid) {
+  if (g.max_expert_rows <= 0 || g.max_expert_rows > 16) return variant<GeneralShape>("general");
+  const Variant* decode[] = {&variant<Shape<16, 11>>("decode-11"), &variant<Shape<16, 5>>("decode-5"),
+                             &variant<Shape<16, 3>>("decode-3"), &variant<Shape<16, 2>>("decode-2")};
+  if (const int forced = g.decode_stages != 0 ? g.decode_stages : decode_stages_from_environment(); forced != 0) {
+    for (const Variant* v : decode)
+      if (v->stages == forced) return *v;
+  }
+  const int64_t k_blocks = g.k / kBlockK;
+  const Variant* fallback = nullptr;
+  for (const Variant* v : decode) {
+    if (v->stages > std::max<int64_t>(2, k_blocks)) continue;
+    if (grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count()) return *v;
+    if (fallback == nullptr && v->stages <= 5) fallback = v;
+  }
+  return *fallback;
+}
+
 }  // namespace
 
 void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who) {
@@ -247,6 +354,11 @@ void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who) {
   require(g.k > 0 && g.k % kBlockK == 0, who, "K must be a positive multiple of 128, got " + std::to_string(g.k));
   require(g.experts >= 1, who, "need at least one expert");
   require(g.max_tiles >= 1, who, "need max_tiles >= 1");
+  require(g.max_expert_rows >= 0, who, "max_expert_rows must be >= 0 (0: unknown)");
+  require(g.decode_stages == 0 || ((g.decode_stages == 2 || g.decode_stages == 3 || g.decode_stages == 5 ||
+                                    g.decode_stages == 11) &&
+                                   g.max_expert_rows > 0 && g.max_expert_rows <= 16),
+          who, "decode_stages must be 0, or 2, 3, 5 or 11 with 0 < max_expert_rows <= 16");
   require((g.row_offset == nullptr) == (g.expert_count == nullptr), who,
           "row_offset and expert_count come together (or neither)");
   require_ptr(g.a, who, "A codes", 16);
@@ -261,18 +373,13 @@ void launch_sm90_fp8_grouped_gemm(const GroupedGemmArgs& g, cudaStream_t stream)
   const char* who = "sm90_fp8_grouped_gemm";
   require_grouped_gemm_args(g, who);
   if (use_large_batch(g)) return launch_sm90_fp8_grouped_gemm_large(g, stream);
-  static const bool smem_raised = [] {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)smem_raised;
   GemmParams p{g.a,         g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count,
                g.n,         g.k,       g.d, g.out_precision == Precision::bf16,
                g.b_layout == WeightLayout::block_tiles};
-  const int64_t n_tiles = g.n / kTileCols;
-  launch_dependent("sm90_fp8_grouped_gemm_1d2d_kernel", sm90_fp8_grouped_gemm_1d2d_kernel,
-                   grid_x(g.max_tiles * n_tiles, who), kThreads, kSmemBytes, stream, p, n_tiles);
+  const int64_t n_tiles = g.n / kTileCols, grid = g.max_tiles * n_tiles;
+  const Variant& v = small_batch_variant(g, grid);
+  launch_dependent("sm90_fp8_grouped_gemm_1d2d_kernel", v.kernel, grid_x(grid, who), kThreads, v.smem_bytes, stream, p,
+                   n_tiles);
 }
 
 }  // namespace moecheck::kernels

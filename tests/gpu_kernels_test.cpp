@@ -439,7 +439,8 @@ struct GemmProblem {
 // The GEMM on p, its weights as given (row_major) or packed on the device into block tiles first.
 std::vector<float> run_gemm(const GemmProblem& p, Precision out,
                             kernels::WeightLayout layout = kernels::WeightLayout::row_major,
-                            kernels::GemmSchedule schedule = kernels::GemmSchedule::small_batch) {
+                            kernels::GemmSchedule schedule = kernels::GemmSchedule::small_batch,
+                            int64_t max_expert_rows = 0, int decode_stages = 0) {
   DeviceBuffer<uint8_t> a(p.a), b(p.b), tiles(layout == kernels::WeightLayout::block_tiles ? p.b.size() : 0);
   DeviceBuffer<float> sa(p.sa), sb(p.sb);
   DeviceBuffer<int32_t> te(p.tile_expert), ro(p.row_offset), ec(p.expert_count);
@@ -466,6 +467,8 @@ std::vector<float> run_gemm(const GemmProblem& p, Precision out,
   g.out_precision = out;
   g.d = d.get();
   g.schedule = schedule;
+  g.max_expert_rows = max_expert_rows;
+  g.decode_stages = decode_stages;
   kernels::launch_sm90_fp8_grouped_gemm(g, nullptr);
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
   return d.download();
@@ -738,6 +741,55 @@ TEST(GpuGemm, LargeBatchScheduleGivesTheSmallBatchBits) {
       }
     }
   }
+}
+
+// The decode variants (tiles of at most 16 routed rows; 2, 3, 5 or 11 stages, all in flight from
+// the start) against the general one, bit for bit: experts of 0 to 16 rows, one tile each, with
+// fewer K blocks than stages (2) and more (13: the ring wraps), both output precisions, and the
+// variant chosen per launch. Padding rows (NaN inputs) and the unused tiles keep their poison.
+TEST(GpuGemm, DecodeVariantsGiveTheGeneralBits) {
+  MOECHECK_REQUIRE_GPU();
+  const std::vector<int32_t> counts = {1, 16, 0, 9, 8, 2, 13, 16, 1, 5};
+  GemmProblem shape;
+  shape.experts = static_cast<int64_t>(counts.size());
+  shape.row_offset.push_back(0);
+  for (int64_t e = 0; e < shape.experts; ++e) {
+    if (counts[e] > 0) shape.tile_expert.push_back(static_cast<int32_t>(e));
+    shape.row_offset.push_back(shape.row_offset.back() + (counts[e] > 0 ? 64 : 0));
+  }
+  shape.tile_expert.insert(shape.tile_expert.end(), 2, -1);  // the capacity bound past the plan
+  shape.expert_count = counts;
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{384, 256}, {256, 1664}}) {
+    GemmProblem p = realistic_problem(47 + k, shape.experts, n, k, shape.tile_expert);
+    p.row_offset = shape.row_offset;
+    p.expert_count = shape.expert_count;
+    poison_padding_rows(p);
+    for (auto out : {Precision::f32, Precision::bf16}) {
+      const auto general = run_gemm(p, out, kernels::WeightLayout::block_tiles);
+      for (int stages : {2, 3, 5, 11, 0}) {
+        SCOPED_TRACE("N " + std::to_string(n) + ", K " + std::to_string(k) + ", out " + std::string(to_string(out)) +
+                     ", decode stages " + (stages == 0 ? std::string("chosen per launch") : std::to_string(stages)));
+        const auto decode = run_gemm(p, out, kernels::WeightLayout::block_tiles, kernels::GemmSchedule::small_batch,
+                                     16, stages);
+        ASSERT_EQ(decode.size(), general.size());
+        int64_t differ = 0;
+        std::string first;
+        for (size_t i = 0; i < decode.size(); ++i)
+          if (std::memcmp(&decode[i], &general[i], 4) != 0 && differ++ == 0)
+            first = "row " + std::to_string(i / n) + " col " + std::to_string(i % n) + ": general " +
+                    std::to_string(general[i]) + ", decode " + std::to_string(decode[i]);
+        EXPECT_EQ(differ, 0) << differ << " of " << decode.size() << " outputs differ; first: " << first;
+      }
+    }
+  }
+  CheckReport r;  // and the general variant's bits are within the bound on these tiles
+  GemmProblem p = realistic_problem(48, shape.experts, 256, 512, shape.tile_expert);
+  p.row_offset = shape.row_offset;
+  p.expert_count = shape.expert_count;
+  r.what = "decode GEMM within bound";
+  check_gemm(p, run_gemm(p, Precision::f32, kernels::WeightLayout::block_tiles, kernels::GemmSchedule::small_batch, 16),
+             Precision::f32, false, r);
+  EXPECT_TRUE(r.ok) << r;
 }
 
 }  // namespace
