@@ -155,7 +155,7 @@ struct GroupedGemmArgs {
   // variant (stages of 16 activation rows, more of them in flight). A tile holding more rows than
   // this traps the kernel.
   int64_t max_expert_rows = 0;
-  // A decode variant's stage count, 2, 3, 5 or 11 (with max_expert_rows <= 16), for tests and
+  // A decode variant's stage count, 2, 3 or 5 (with max_expert_rows <= 16), for tests and
   // measurements; 0: MOECHECK_DECODE_STAGES if set, else chosen per launch.
   int decode_stages = 0;
   Precision out_precision = Precision::f32;

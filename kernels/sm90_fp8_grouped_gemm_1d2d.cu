@@ -22,12 +22,11 @@
 // rows per 8 threads; a block-tile weight panel, WeightLayout::block_tiles, is one contiguous
 // 16 KiB run), all of them in flight before the first wgmma and kStages - 1 ahead of it after.
 // The general variant: stages of 64 activation rows, 4 of them, two CTAs per SM, so one CTA's
-// promotion overlaps the other's wgmma. A decode step streams weights with few rows each, and a
-// small grid (TP 8, T = 1: 32 CTAs) is held by the bytes each CTA has in flight (the stream probe
-// of docs/bench/CUDA-GEMM-NOTES.md: 32 CTAs read 34 MiB in 27 us three blocks deep, 15.5 eight
-// deep), so the decode variants carry 16 rows per stage and 2, 3, 5 or 11 stages, the most whose
-// grid fits on the device in one wave (small_batch_variant). The epilogue stages the tile through
-// shared memory so that D rows are written with coalesced 16-byte stores.
+// promotion overlaps the other's wgmma. The decode variants (tiles of at most 16 rows) carry 16
+// rows per stage (19 KiB instead of 25) and 2, 3 or 5 stages, so an SM holds five, three or two
+// CTAs; small_batch_variant picks one (measured, not derived: docs/bench/CUDA-GEMM-NOTES.md,
+// "Decode variants"). The epilogue stages the tile through shared memory so that D rows are
+// written with coalesced 16-byte stores.
 //
 // NOTES:
 //  - Grid: one CTA per (M tile, N tile), in the order of grouped_gemm_order.cuh.
@@ -312,39 +311,38 @@ int sm_count() {
   return n;
 }
 
-// MOECHECK_DECODE_STAGES=2|3|5|11 forces a decode variant's stage count (measurements); unset or
+// MOECHECK_DECODE_STAGES=2|3|5 forces a decode variant's stage count (measurements); unset or
 // 0: chosen per launch.
 int decode_stages_from_environment() {
   static const int forced = [] {
     const char* v = std::getenv("MOECHECK_DECODE_STAGES");
     if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0;
     const std::string s(v);
-    if (s == "2" || s == "3" || s == "5" || s == "11") return std::stoi(s);
-    throw std::invalid_argument("MOECHECK_DECODE_STAGES: '" + s + "' is not 0, 2, 3, 5 or 11");
+    if (s == "2" || s == "3" || s == "5") return std::stoi(s);
+    throw std::invalid_argument("MOECHECK_DECODE_STAGES: '" + s + "' is not 0, 2, 3 or 5");
   }();
   return forced;
 }
 
 // The small-batch variant for g. Tiles of more than 16 rows (or an unknown bound): the general
-// one. Otherwise the decode variant with the most stages (weight bytes in flight per CTA) whose
-// CTAs all fit on the device at once, among those with no more stages than K blocks; where none
-// fits in one wave, five stages (two CTAs per SM, four blocks in flight each).
+// one. Otherwise a decode variant, by a rule fitted to the H100 measurements of
+// docs/bench/CUDA-GEMM-NOTES.md ("Decode variants"), not derived: CTAs per SM matter more than
+// depth, so the first of three stages (three CTAs per SM) and two (five per SM) whose grid fits
+// on the device in one wave and that has no more stages than K blocks; where neither fits, five
+// stages (two CTAs per SM, as the general variant).
 const Variant& small_batch_variant(const GroupedGemmArgs& g, int64_t grid) {
   if (g.max_expert_rows <= 0 || g.max_expert_rows > 16) return variant<GeneralShape>("general");
-  const Variant* decode[] = {&variant<Shape<16, 11>>("decode-11"), &variant<Shape<16, 5>>("decode-5"),
-                             &variant<Shape<16, 3>>("decode-3"), &variant<Shape<16, 2>>("decode-2")};
+  const Variant* decode[] = {&variant<Shape<16, 3>>("decode-3"), &variant<Shape<16, 2>>("decode-2"),
+                             &variant<Shape<16, 5>>("decode-5")};
   if (const int forced = g.decode_stages != 0 ? g.decode_stages : decode_stages_from_environment(); forced != 0) {
     for (const Variant* v : decode)
       if (v->stages == forced) return *v;
   }
   const int64_t k_blocks = g.k / kBlockK;
-  const Variant* fallback = nullptr;
-  for (const Variant* v : decode) {
-    if (v->stages > std::max<int64_t>(2, k_blocks)) continue;
-    if (grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count()) return *v;
-    if (fallback == nullptr && v->stages <= 5) fallback = v;
-  }
-  return *fallback;
+  for (const Variant* v : {decode[0], decode[1]})
+    if (v->stages <= std::max<int64_t>(2, k_blocks) && grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count())
+      return *v;
+  return *decode[2];
 }
 
 }  // namespace
@@ -355,10 +353,9 @@ void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who) {
   require(g.experts >= 1, who, "need at least one expert");
   require(g.max_tiles >= 1, who, "need max_tiles >= 1");
   require(g.max_expert_rows >= 0, who, "max_expert_rows must be >= 0 (0: unknown)");
-  require(g.decode_stages == 0 || ((g.decode_stages == 2 || g.decode_stages == 3 || g.decode_stages == 5 ||
-                                    g.decode_stages == 11) &&
+  require(g.decode_stages == 0 || ((g.decode_stages == 2 || g.decode_stages == 3 || g.decode_stages == 5) &&
                                    g.max_expert_rows > 0 && g.max_expert_rows <= 16),
-          who, "decode_stages must be 0, or 2, 3, 5 or 11 with 0 < max_expert_rows <= 16");
+          who, "decode_stages must be 0, or 2, 3 or 5 with 0 < max_expert_rows <= 16");
   require((g.row_offset == nullptr) == (g.expert_count == nullptr), who,
           "row_offset and expert_count come together (or neither)");
   require_ptr(g.a, who, "A codes", 16);
