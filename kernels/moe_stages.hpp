@@ -151,9 +151,9 @@ struct GroupedGemmArgs {
   const int32_t* expert_count = nullptr;
   int64_t max_tiles = 0, n = 0, k = 0, experts = 0;
   // At most this many routed rows in any M tile, or 0 if unknown. A token routes to an expert at
-  // most once, so a layer of T tokens passes T; at <= 16 the small-batch schedule takes a decode
-  // variant (stages of 16 activation rows, more of them in flight). A tile holding more rows than
-  // this traps the kernel.
+  // most once, so a layer of T tokens passes T; at <= 16, with row_offset, the small-batch
+  // schedule takes a decode variant (stages of 16 activation rows, more CTAs per SM). A bound
+  // that a tile exceeds is a contract violation: a tile of more than 16 rows traps the kernel.
   int64_t max_expert_rows = 0;
   // A decode variant's stage count, 2, 3 or 5 (with max_expert_rows <= 16), for tests and
   // measurements; 0: MOECHECK_DECODE_STAGES if set, else chosen per launch.

@@ -71,7 +71,7 @@ static_assert(kTileRows == 64, "wgmma N of at most 64 rows per tile");
 // activation rows) and its number of shared-memory stages, all of them in flight from the start.
 // The general variant takes any tile; the decode variants take tiles of at most 16 rows (the
 // host knows: a token routes to an expert at most once, so no tile of T <= 16 tokens holds more)
-// and trade stages against CTAs per SM, so that a small grid keeps more weight bytes in flight.
+// and, with stages of 19 KiB instead of 25, trade stages against CTAs per SM.
 template <int kMaxRows_, int kStages_>
 struct Shape {
   static constexpr int kMaxRows = kMaxRows_, kStages = kStages_;
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm<S>()) sm90_fp8_grouped_g
     if (rows <= 32) gemm_tile<S, 32>(p, smem, row0, n_tile, expert, rows);
     else gemm_tile<S, 64>(p, smem, row0, n_tile, expert, rows);
   } else {
-    __trap();  // a decode variant given a tile of more rows than GroupedGemmArgs::max_expert_rows said
+    __trap();  // a tile of more than 16 rows: GroupedGemmArgs::max_expert_rows was wrong
   }
 #else
   (void)p, (void)n_tiles;
@@ -284,19 +284,18 @@ bool use_large_batch(const GroupedGemmArgs& g) {
 // CTAs one SM holds on this device (registers and shared memory, from the occupancy calculator).
 struct Variant {
   void (*kernel)(GemmParams, int64_t);
-  const char* name;
   int stages, smem_bytes, ctas_per_sm;
 };
 
 template <typename S>
-const Variant& variant(const char* name) {
-  static const Variant v = [name] {
+const Variant& variant() {
+  static const Variant v = [] {
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_kernel<S>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
     int per_sm = 0;
     MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_fp8_grouped_gemm_1d2d_kernel<S>,
                                                                       kThreads, S::kSmemBytes));
-    return Variant{sm90_fp8_grouped_gemm_1d2d_kernel<S>, name, S::kStages, S::kSmemBytes, per_sm};
+    return Variant{sm90_fp8_grouped_gemm_1d2d_kernel<S>, S::kStages, S::kSmemBytes, per_sm};
   }();
   return v;
 }
@@ -324,25 +323,26 @@ int decode_stages_from_environment() {
   return forced;
 }
 
-// The small-batch variant for g. Tiles of more than 16 rows (or an unknown bound): the general
-// one. Otherwise a decode variant, by a rule fitted to the H100 measurements of
-// docs/bench/CUDA-GEMM-NOTES.md ("Decode variants"), not derived: CTAs per SM matter more than
-// depth, so the first of three stages (three CTAs per SM) and two (five per SM) whose grid fits
-// on the device in one wave and that has no more stages than K blocks; where neither fits, five
-// stages (two CTAs per SM, as the general variant).
+// The small-batch variant for g. Tiles of more than 16 rows, an unknown bound or no plan (without
+// row_offset every tile counts 64 rows): the general one. Otherwise a decode variant, by a rule
+// fitted to the H100 measurements of docs/bench/CUDA-GEMM-NOTES.md ("Decode variants"), not
+// derived: CTAs per SM mattered more than depth, so three stages (three CTAs per SM), else two
+// (five per SM), whichever first fits the grid on the device in one wave; where neither does,
+// the most stages up to five (two CTAs per SM). Never more stages than K blocks, except two.
 const Variant& small_batch_variant(const GroupedGemmArgs& g, int64_t grid) {
-  if (g.max_expert_rows <= 0 || g.max_expert_rows > 16) return variant<GeneralShape>("general");
-  const Variant* decode[] = {&variant<Shape<16, 3>>("decode-3"), &variant<Shape<16, 2>>("decode-2"),
-                             &variant<Shape<16, 5>>("decode-5")};
+  if (g.max_expert_rows <= 0 || g.max_expert_rows > 16 || g.row_offset == nullptr) return variant<GeneralShape>();
+  const Variant* decode[] = {&variant<Shape<16, 5>>(), &variant<Shape<16, 3>>(), &variant<Shape<16, 2>>()};
   if (const int forced = g.decode_stages != 0 ? g.decode_stages : decode_stages_from_environment(); forced != 0) {
     for (const Variant* v : decode)
       if (v->stages == forced) return *v;
   }
   const int64_t k_blocks = g.k / kBlockK;
-  for (const Variant* v : {decode[0], decode[1]})
-    if (v->stages <= std::max<int64_t>(2, k_blocks) && grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count())
-      return *v;
-  return *decode[2];
+  auto fits_k = [&](const Variant* v) { return v->stages <= std::max<int64_t>(2, k_blocks); };
+  for (const Variant* v : {decode[1], decode[2]})
+    if (fits_k(v) && grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count()) return *v;
+  for (const Variant* v : decode)
+    if (fits_k(v)) return *v;
+  return *decode[2];  // not reached: two stages always fit
 }
 
 }  // namespace
@@ -356,6 +356,8 @@ void require_grouped_gemm_args(const GroupedGemmArgs& g, const char* who) {
   require(g.decode_stages == 0 || ((g.decode_stages == 2 || g.decode_stages == 3 || g.decode_stages == 5) &&
                                    g.max_expert_rows > 0 && g.max_expert_rows <= 16),
           who, "decode_stages must be 0, or 2, 3 or 5 with 0 < max_expert_rows <= 16");
+  require(g.decode_stages == 0 || g.row_offset != nullptr, who,
+          "decode_stages needs the plan's row_offset and expert_count (without them every tile counts 64 rows)");
   require((g.row_offset == nullptr) == (g.expert_count == nullptr), who,
           "row_offset and expert_count come together (or neither)");
   require_ptr(g.a, who, "A codes", 16);

@@ -32,7 +32,7 @@ using namespace moecheck::kernels::sm90;
 
 constexpr int kBlock = 16384, kThreads = 256;
 
-// D stages, D - 1 blocks ahead of the one being read (the shape of the small-batch GEMM's ring).
+// D stages, D - 1 blocks ahead of the one being read (the small-batch GEMM's steady state).
 template <int D>
 __global__ void __launch_bounds__(kThreads) stream_cp_async(const uint8_t* src, int blocks, unsigned* sink) {
   extern __shared__ __align__(1024) uint8_t smem[];
