@@ -694,6 +694,22 @@ TEST(GpuGemm, BlockTileWeightsGiveTheRowMajorBits) {
   }
 }
 
+// Two runs' outputs (rows of n) compared bit for bit: how many differ, and the first, by row and column.
+struct BitDifferences {
+  int64_t count = 0;
+  std::string first;
+};
+BitDifferences bit_differences(const std::vector<float>& a, const std::vector<float>& b, int64_t n,
+                               const std::string& a_name, const std::string& b_name) {
+  BitDifferences d;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && d.count++ == 0)
+      d.first = "row " + std::to_string(static_cast<int64_t>(i) / n) + " col " +
+                std::to_string(static_cast<int64_t>(i) % n) + ": " + a_name + " " + std::to_string(a[i]) + ", " +
+                b_name + " " + std::to_string(b[i]);
+  return d;
+}
+
 // The large_batch schedule against the small_batch one, bit for bit, where its own machinery is
 // exercised: more work items than SMs (each persistent CTA walks several, so the producer runs
 // ahead into the next item), more K blocks than pipeline stages (the mbarrier phases wrap), an
@@ -726,13 +742,8 @@ TEST(GpuGemm, LargeBatchScheduleGivesTheSmallBatchBits) {
       const auto small = run_gemm(p, out, kernels::WeightLayout::block_tiles, kernels::GemmSchedule::small_batch);
       const auto large = run_gemm(p, out, kernels::WeightLayout::block_tiles, kernels::GemmSchedule::large_batch);
       ASSERT_EQ(small.size(), large.size());
-      int64_t differ = 0;
-      std::string first;
-      for (size_t i = 0; i < small.size(); ++i)
-        if (std::memcmp(&small[i], &large[i], 4) != 0 && differ++ == 0)
-          first = "row " + std::to_string(i / n) + " col " + std::to_string(i % n) + ": small " +
-                  std::to_string(small[i]) + ", large " + std::to_string(large[i]);
-      EXPECT_EQ(differ, 0) << differ << " of " << small.size() << " outputs differ; first: " << first;
+      const BitDifferences d = bit_differences(small, large, n, "small", "large");
+      EXPECT_EQ(d.count, 0) << d.count << " of " << small.size() << " outputs differ; first: " << d.first;
       if (out == Precision::f32 && n == 640) {  // the bound once (small_batch's bits are pinned elsewhere)
         CheckReport r;
         r.what = "large_batch GEMM within bound";
@@ -779,13 +790,8 @@ TEST(GpuGemm, DecodeVariantsGiveTheGeneralBits) {
         const auto decode = run_gemm(p, out, kernels::WeightLayout::block_tiles, kernels::GemmSchedule::small_batch,
                                      16, stages);
         ASSERT_EQ(decode.size(), general.size());
-        int64_t differ = 0;
-        std::string first;
-        for (size_t i = 0; i < decode.size(); ++i)
-          if (std::memcmp(&decode[i], &general[i], 4) != 0 && differ++ == 0)
-            first = "row " + std::to_string(i / n) + " col " + std::to_string(i % n) + ": general " +
-                    std::to_string(general[i]) + ", decode " + std::to_string(decode[i]);
-        EXPECT_EQ(differ, 0) << differ << " of " << decode.size() << " outputs differ; first: " << first;
+        const BitDifferences d = bit_differences(general, decode, n, "general", "decode");
+        EXPECT_EQ(d.count, 0) << d.count << " of " << decode.size() << " outputs differ; first: " << d.first;
       }
     }
   }
