@@ -46,3 +46,19 @@ inline void cuda_check(cudaError_t code, const char* call, const char* file, int
 // by cudaGetLastError; `name` says which launch it was.
 #define MOECHECK_CUDA_CHECK_LAUNCH(name) \
   ::moecheck::detail::cuda_check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+namespace moecheck {
+
+// The current device's SM count, asked once per process (the launchers that size persistent or
+// one-wave grids by it assume one device per process, as the rest of the GPU path does).
+inline int current_device_sm_count() {
+  static const int n = [] {
+    int device = 0, count = 0;
+    MOECHECK_CUDA_CHECK(cudaGetDevice(&device));
+    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  return n;
+}
+
+}  // namespace moecheck

@@ -300,16 +300,6 @@ const Variant& variant() {
   return v;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int device = 0, count = 0;
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&device));
-    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
-  return n;
-}
-
 // MOECHECK_DECODE_STAGES=2|3|5 forces a decode variant's stage count (measurements); unset or
 // 0: chosen per launch.
 int decode_stages_from_environment() {
@@ -339,7 +329,7 @@ const Variant& small_batch_variant(const GroupedGemmArgs& g, int64_t grid) {
   const int64_t k_blocks = g.k / kBlockK;
   auto fits_k = [&](const Variant* v) { return v->stages <= std::max<int64_t>(2, k_blocks); };
   for (const Variant* v : {decode[1], decode[2]})
-    if (fits_k(v) && grid <= static_cast<int64_t>(v->ctas_per_sm) * sm_count()) return *v;
+    if (fits_k(v) && grid <= static_cast<int64_t>(v->ctas_per_sm) * current_device_sm_count()) return *v;
   for (const Variant* v : decode)
     if (fits_k(v)) return *v;
   return *decode[2];  // not reached: two stages always fit

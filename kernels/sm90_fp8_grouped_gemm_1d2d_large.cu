@@ -279,14 +279,13 @@ void launch_sm90_fp8_grouped_gemm_large(const GroupedGemmArgs& g, cudaStream_t s
   require(large_batch_schedule_fits(g), who,
           "the large_batch schedule reads block-tile weights, and K and the row count must fit a tensor map's "
           "32-bit coordinates");
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  static const bool smem_raised = [] {
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(sm90_fp8_grouped_gemm_1d2d_large_kernel,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return n;
+    return true;
   }();
+  (void)smem_raised;
+  const int sms = current_device_sm_count();
   const CUtensorMap act_map = activation_map(g.a, g.max_tiles * kRows, g.k);
   const LargeParams p{g.a_scale, g.b, g.b_scale, g.tile_expert, g.row_offset, g.expert_count, g.max_tiles, g.n, g.k,
                       g.experts, g.d, g.out_precision == Precision::bf16};

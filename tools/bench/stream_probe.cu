@@ -13,22 +13,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <vector>
 
+#include "kernels/cuda_check.hpp"
 #include "kernels/sm90_wgmma.cuh"
 
 namespace {
 
 using namespace moecheck::kernels::sm90;
-
-#define PROBE_CHECK(x)                                                                           \
-  do {                                                                                           \
-    const cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "stream_probe: %s failed: %s\n", #x, cudaGetErrorString(e_));          \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 constexpr int kBlock = 16384, kThreads = 256;
 
@@ -105,24 +98,24 @@ struct Buffers {
 
 template <typename Kernel>
 float median_ms(Kernel kernel, int grid, int smem, int blocks, const Buffers& b) {
-  PROBE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t start, stop;
-  PROBE_CHECK(cudaEventCreate(&start));
-  PROBE_CHECK(cudaEventCreate(&stop));
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&start));
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<float> t;
   for (int r = 0; r < 9; ++r) {
     read_through<<<1056, 256>>>(b.evict, b.evict_words, b.sink);
-    PROBE_CHECK(cudaEventRecord(start));
+    MOECHECK_CUDA_CHECK(cudaEventRecord(start));
     kernel<<<grid, kThreads, smem>>>(b.src, blocks, b.sink);
-    PROBE_CHECK(cudaEventRecord(stop));
-    PROBE_CHECK(cudaEventSynchronize(stop));
-    PROBE_CHECK(cudaGetLastError());
+    MOECHECK_CUDA_CHECK(cudaEventRecord(stop));
+    MOECHECK_CUDA_CHECK(cudaEventSynchronize(stop));
+    MOECHECK_CUDA_CHECK(cudaGetLastError());
     float ms = 0;
-    PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     if (r >= 2) t.push_back(ms);
   }
-  PROBE_CHECK(cudaEventDestroy(start));
-  PROBE_CHECK(cudaEventDestroy(stop));
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(start));
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -139,6 +132,38 @@ void sweep(const Buffers& b, size_t total_blocks) {
   }
 }
 
+// Prints the table for each size; a failed CUDA call throws moecheck::CudaError.
+int probe(const std::vector<size_t>& sizes_mib) {
+  cudaDeviceProp prop;
+  MOECHECK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs, L2 %d MiB; depth = stages per CTA (cp.async: depth - 1 blocks ahead, bulk: depth)\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  const size_t src_bytes = 256ull << 20, evict_bytes = 4ull * prop.l2CacheSize;
+  uint8_t* src = nullptr;
+  uint4* evict = nullptr;
+  unsigned* sink = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&src, src_bytes));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&evict, evict_bytes));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&sink, 64));
+  MOECHECK_CUDA_CHECK(cudaMemset(src, 1, src_bytes));
+  MOECHECK_CUDA_CHECK(cudaMemset(evict, 2, evict_bytes));
+  const Buffers b{src, evict, evict_bytes / 16, sink};
+  for (size_t mib : sizes_mib) {
+    const size_t total_blocks = (mib << 20) / kBlock;
+    std::printf("== %zu MiB\n", mib);
+    sweep<2>(b, total_blocks);
+    sweep<3>(b, total_blocks);
+    sweep<4>(b, total_blocks);
+    sweep<6>(b, total_blocks);
+    sweep<8>(b, total_blocks);
+    sweep<12>(b, total_blocks);
+  }
+  MOECHECK_CUDA_CHECK(cudaFree(src));
+  MOECHECK_CUDA_CHECK(cudaFree(evict));
+  MOECHECK_CUDA_CHECK(cudaFree(sink));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,32 +178,10 @@ int main(int argc, char** argv) {
     sizes_mib.push_back(static_cast<size_t>(v));
   }
   if (sizes_mib.empty()) sizes_mib = {15, 34, 235};
-  cudaDeviceProp prop;
-  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("%s, %d SMs, L2 %d MiB; depth = stages per CTA (cp.async: depth - 1 blocks ahead, bulk: depth)\n",
-              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  const size_t src_bytes = 256ull << 20, evict_bytes = 4ull * prop.l2CacheSize;
-  uint8_t* src = nullptr;
-  uint4* evict = nullptr;
-  unsigned* sink = nullptr;
-  PROBE_CHECK(cudaMalloc(&src, src_bytes));
-  PROBE_CHECK(cudaMalloc(&evict, evict_bytes));
-  PROBE_CHECK(cudaMalloc(&sink, 64));
-  PROBE_CHECK(cudaMemset(src, 1, src_bytes));
-  PROBE_CHECK(cudaMemset(evict, 2, evict_bytes));
-  const Buffers b{src, evict, evict_bytes / 16, sink};
-  for (size_t mib : sizes_mib) {
-    const size_t total_blocks = (mib << 20) / kBlock;
-    std::printf("== %zu MiB\n", mib);
-    sweep<2>(b, total_blocks);
-    sweep<3>(b, total_blocks);
-    sweep<4>(b, total_blocks);
-    sweep<6>(b, total_blocks);
-    sweep<8>(b, total_blocks);
-    sweep<12>(b, total_blocks);
+  try {
+    return probe(sizes_mib);
+  } catch (const std::exception& e) {  // a failed CUDA call (moecheck::CudaError names it)
+    std::fprintf(stderr, "stream_probe: %s\n", e.what());
+    return 1;
   }
-  PROBE_CHECK(cudaFree(src));
-  PROBE_CHECK(cudaFree(evict));
-  PROBE_CHECK(cudaFree(sink));
-  return 0;
 }
