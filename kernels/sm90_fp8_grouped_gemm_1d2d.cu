@@ -76,7 +76,8 @@ template <int kMaxRows_, int kStages_>
 struct Shape {
   static constexpr int kMaxRows = kMaxRows_, kStages = kStages_;
   static constexpr int kActBytes = kMaxRows * kBlockK;
-  static constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the row scales; 1024-aligned (swizzle atoms)
+  static constexpr int kStageBytes = kWeightBytes + kActBytes + 1024;  // + the scales; 1024-aligned (swizzle atoms)
+  static constexpr int kScaleBOffset = 4 * kMaxRows;  // the weight scale, after the row scales
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;       // + room to align the first atom to 1024
   static_assert(kMaxRows == 16 || kMaxRows == 64, "tiles of 8, 16, 32 or 64 rows");
   static_assert(kStages >= 2, "a stage to compute from and one to fill");
@@ -113,7 +114,7 @@ __device__ __forceinline__ WeightPanel weight_panel(const GemmParams& p, int32_t
 // One K block into stage `st`: the 128 x 128 weight panel, kRows activation rows and their scales.
 template <typename S, int kRows>
 __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, const uint8_t* g_a, const float* g_sa,
-                                           int64_t k, int64_t k_blocks, int64_t kb, int tid) {
+                                           const float* g_sb, int64_t k, int64_t k_blocks, int64_t kb, int tid) {
   const uint32_t s_w = smem_addr(st), s_a = s_w + kWeightBytes, s_sa = s_a + S::kActBytes;
   // Chunk i: row i / 8, 16-byte column i % 8: a warp copies 4 whole 128-byte rows, and the
   // swizzle spreads each row's 8 chunks over distinct banks. A block tile is copied as it lies.
@@ -136,6 +137,10 @@ __device__ __forceinline__ void load_stage(uint8_t* st, const WeightPanel& w, co
     cp_async_16(s_a + swizzle_offset(row, c16), g_a + row * k + kb * kBlockK + c16 * 16);
   }
   if (tid < kRows) cp_async_4(s_sa + 4 * tid, g_sa + tid * k_blocks + kb);
+  // The block's weight scale rides with its stage: a load issued kStages - 1 blocks ahead, where a
+  // plain load at the top of the iteration would wait one L2 (or, after a flush, DRAM) round trip
+  // per block behind the wgmma.
+  if (tid == kThreads - 1) cp_async_4(s_sa + S::kScaleBOffset, g_sb + kb);
 }
 
 // Computes the tile's first kRows rows (kRows >= stored) and stores its first `stored`.
@@ -163,13 +168,12 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
   // kb - 1 with block kb - 1 + kStages as group kStages + kb - 1.
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    if (s < k_blocks) load_stage<S, kRows>(smem + s * S::kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, s, tid);
+    if (s < k_blocks) load_stage<S, kRows>(smem + s * S::kStageBytes, g_w, g_a, g_sa, g_sb, p.k, k_blocks, s, tid);
     cp_async_commit();
   }
 
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     uint8_t* st = smem + (kb % kStages) * S::kStageBytes;
-    const float sb = __ldg(g_sb + kb);
     // Group kb complete: kStages groups committed before iteration 0, one more per iteration since.
     if (kb == 0) cp_async_wait<kStages - 1>();
     else cp_async_wait<kStages - 2>();
@@ -179,7 +183,8 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
     if (kb > 0) {
       const int64_t next = kb - 1 + kStages;
       if (next < k_blocks)
-        load_stage<S, kRows>(smem + ((kb - 1) % kStages) * S::kStageBytes, g_w, g_a, g_sa, p.k, k_blocks, next, tid);
+        load_stage<S, kRows>(smem + ((kb - 1) % kStages) * S::kStageBytes, g_w, g_a, g_sa, g_sb, p.k, k_blocks, next,
+                             tid);
       cp_async_commit();
     }
 
@@ -189,6 +194,7 @@ __device__ void gemm_tile(const GemmParams& p, uint8_t* smem, int64_t row0, int6
 
     // Promote: column c of the fragment is activation row c, scaled by its own sa.
     const float* s_sa = reinterpret_cast<const float*>(st + kWeightBytes + S::kActBytes);
+    const float sb = s_sa[S::kScaleBOffset / 4];
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j) {
       const float s0 = __fmul_rn(s_sa[8 * j + 2 * t], sb), s1 = __fmul_rn(s_sa[8 * j + 2 * t + 1], sb);
