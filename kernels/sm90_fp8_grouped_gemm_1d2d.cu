@@ -81,6 +81,7 @@ struct Shape {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;       // + room to align the first atom to 1024
   static_assert(kMaxRows == 16 || kMaxRows == 64, "tiles of 8, 16, 32 or 64 rows");
   static_assert(kStages >= 2, "a stage to compute from and one to fill");
+  static_assert(kScaleBOffset + 4 <= 1024, "the row scales and the weight scale fit the stage's 1024 bytes");
   static_assert(kStageBytes % 1024 == 0 && kWeightBytes % 1024 == 0, "swizzle atoms must stay 1024-byte aligned");
   static_assert(kMaxRows * kEpiStride * 4 <= kStages * kStageBytes, "the epilogue reuses the pipeline's shared memory");
 };
